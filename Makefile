@@ -1,0 +1,34 @@
+# The two set-up commands of the README: `make serve` and `make test`. Both install everything
+# they need (virtualenv, Python packages, Prometheus/promtool from Debian) on a fresh machine.
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+
+.PHONY: setup system-deps serve test lint bench
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+system-deps:
+	@command -v promtool >/dev/null 2>&1 || { \
+		echo "installing prometheus + promtool (Debian package)"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }
+
+setup: $(BIN)/.installed
+
+serve: setup
+	$(BIN)/stepwatch serve
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: setup system-deps
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q
+
+bench: setup
+	$(BIN)/python bench/run_all.py

@@ -1,0 +1,75 @@
+"""Expectation: what a partition of one task key should do (expected steps, rules, plan, scorers)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .rules import MaxSteps, MustCall, MustNotCall
+
+ExpectedStep = str | list[str]
+"""A bare step name, or an unordered GROUP of bare names (one level of nesting only)."""
+
+ScoringMethod = Literal["edit_distance", "strict_position"]
+
+RuleSpec = Annotated[MustCall | MustNotCall | MaxSteps, Field(union_mode="left_to_right")]
+
+
+def validate_expected_steps(steps: list[ExpectedStep], scoring_method: ScoringMethod) -> None:
+    """Shared by config validation and by scoring-time checks of annotation-supplied steps."""
+    if not steps:
+        raise ValueError("expected_steps must hold at least one step")
+    for index, step in enumerate(steps):
+        if isinstance(step, list):
+            if scoring_method == "strict_position":
+                raise ValueError(
+                    f"expected_steps[{index}] is an unordered group; groups can only be scored "
+                    "with scoring_method edit_distance, not strict_position"
+                )
+            if not step:
+                raise ValueError(f"expected_steps[{index}] is an empty group")
+
+
+class Expectation(BaseModel):
+    """One task key's registered expectation. Every field is optional but `expected_steps` is
+    needed by agent.step_accuracy and `rules` by the trajectory scorer."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    partition: Literal["trace", "session"] = Field(
+        default="trace", description="Score each trace, or each session (all its traces merged)."
+    )
+    expected_steps: list[ExpectedStep] | None = Field(
+        default=None, description="Ordered step names; a nested list is an unordered group."
+    )
+    scoring_method: ScoringMethod = "edit_distance"
+    threshold: float = Field(
+        default=0.8, ge=0.0, le=1.0, description="agent.step_accuracy passes when score >= threshold."
+    )
+    thresholds: dict[str, float] = Field(
+        default_factory=dict, description="Per-metric pass thresholds, overriding each scorer's default."
+    )
+    rules: list[RuleSpec] = Field(default_factory=list, description="Trajectory assertion rules.")
+    expected_plan: str | None = Field(default=None, description="Free-text plan for plan_adherence.")
+    ignore_steps: list[str] = Field(
+        default_factory=list,
+        description="Observed step names dropped before step scoring (e.g. LangGraph's `agent` node).",
+    )
+    scorers: list[str] | None = Field(
+        default=None, description="Scorers to run; default: every scorer this expectation can feed."
+    )
+
+    @model_validator(mode="after")
+    def _check_steps(self) -> Expectation:
+        if self.expected_steps is not None:
+            validate_expected_steps(self.expected_steps, self.scoring_method)
+        return self
+
+    @property
+    def version(self) -> str:
+        """A short content hash, carried by score events so consumers know which expectation scored."""
+        canonical = json.dumps(self.model_dump(mode="json", by_alias=True), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]

@@ -1,0 +1,95 @@
+"""The canonical model (`canonical_partition_v1`): what every decoder produces and every scorer reads.
+
+Wire formats (OTLP protobuf, OTLP/JSON, native trajectory JSON, OpenInference span lists) are
+decoded into these types by `stepwatch.receiver`; nothing in `stepwatch.evaluator` knows a wire key.
+Ids are lowercase hex strings (32 chars for a trace id, 16 for a span id), times are Unix
+nanoseconds, attribute values are plain JSON-compatible Python values (AnyValue arrays become lists,
+kvlists become dicts, bytes become base64 strings).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_NAME = "canonical_partition_v1"
+
+PartitionType = Literal["trace", "session"]
+SpanKind = Literal["UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER"]
+StatusCode = Literal["UNSET", "OK", "ERROR"]
+StepKind = Literal["TOOL", "AGENT"]
+
+
+class Span(BaseModel):
+    """One span, flattened: attributes are the span's own, resource attributes kept apart."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    trace_id: str = Field(description="32 lowercase hex characters.")
+    span_id: str = Field(description="16 lowercase hex characters.")
+    parent_span_id: str | None = Field(default=None, description="None for a root span.")
+    name: str
+    kind: SpanKind = "INTERNAL"
+    start_time_unix_nano: int | None = None
+    end_time_unix_nano: int | None = None
+    status_code: StatusCode = "UNSET"
+    status_message: str = ""
+    attributes: dict[str, Any] = Field(default_factory=dict)
+    resource_attributes: dict[str, Any] = Field(default_factory=dict)
+    scope_name: str = ""
+    seq: int = Field(
+        default=0,
+        description="Document (arrival) order; keeps spans without timestamps in a stable order.",
+    )
+
+
+class Partition(BaseModel):
+    """A trace, or a session of traces, closed and ready to score."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    schema_name: Literal["canonical_partition_v1"] = Field(default=SCHEMA_NAME, alias="schema")
+    type: PartitionType
+    id: str = Field(description="The trace id for a trace partition, the session id for a session.")
+    spans: list[Span]
+    task_key: str | None = None
+    session_id: str | None = None
+    trace_ids: list[str] = Field(default_factory=list, description="In order of first span start.")
+    annotations: dict[str, str] = Field(
+        default_factory=dict,
+        description="Per-occurrence ground truth, e.g. {'expected_steps': '[\"a\", [\"b\", \"c\"]]'}; "
+        "takes precedence over the expectation registered for the task key.",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One observed step (step-accuracy.txt rules 1-2), in execution order.
+
+    `name` is the identity as reported (tool name or agent name); `key` is what comparisons use:
+    tool names case-normalised with `-`/`_` stripped, agent names exact.
+    """
+
+    name: str
+    kind: StepKind
+    trace_id: str = ""
+    span_id: str | None = None
+    start_time_unix_nano: int | None = None
+    input: Any = None
+    output: Any = None
+    round_id: str | None = None
+    """The LLM output (decision round) that issued this call, when known: same round = parallel."""
+
+    @property
+    def key(self) -> str:
+        return step_key(self.name, self.kind)
+
+
+def normalise_tool_name(name: str) -> str:
+    return name.lower().replace("-", "").replace("_", "")
+
+
+def step_key(name: str, kind: StepKind) -> str:
+    return normalise_tool_name(name) if kind == "TOOL" else name
