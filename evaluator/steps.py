@@ -1,0 +1,258 @@
+"""Observed steps of a partition (step-accuracy.txt rules 1-2), in execution order.
+
+Rule 1 - what is a step: a non-root span that is a TOOL or AGENT span:
+  - OpenInference: `openinference.span.kind` TOOL / AGENT (any other kind is not a step);
+  - OTel GenAI: `gen_ai.operation.name` execute_tool (TOOL) / invoke_agent (AGENT), or a
+    `gen_ai.tool.name` attribute (TOOL). `create_agent` creates an agent resource; it executes
+    nothing, so it is not a step.
+  A root is a span with no parent or whose parent is not in the partition. Steps are ordered by
+  start time, then span name (the spec's determinism tiebreak); untimed spans follow in document
+  order. When the partition has NO such span, every tool call embedded in a span's LLM output
+  (OpenInference `llm.output_messages.N.message.tool_calls.M.tool_call.function.name`, GenAI
+  `gen_ai.output.messages` parts of type `tool_call`) is its own TOOL step, ordered by the LLM
+  span's start, then N, then M.
+Rule 2 - names: TOOL steps use `gen_ai.tool.name`, `tool.name`, else the span name; AGENT steps
+  `aip.agent.name`, `gen_ai.agent.name`, `agent.name`, else the span name.
+
+Each step also carries its input/output (JSON strings unwrapped) and `round_id`: the span id of the
+LLM output that issued the call (matched by tool call id when both sides carry one, else the latest
+earlier LLM output of the same trace that issued an unclaimed call of that name). Steps sharing a
+round_id were issued in parallel.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .model import Partition, Span, Step, StepKind, normalise_tool_name
+from .partitioning import root_spans
+
+TOOL_NAME_ATTRIBUTES = ("gen_ai.tool.name", "tool.name")
+AGENT_NAME_ATTRIBUTES = ("aip.agent.name", "gen_ai.agent.name", "agent.name")
+TOOL_CALL_ID_ATTRIBUTES = ("gen_ai.tool.call.id", "tool.call.id")
+TOOL_INPUT_ATTRIBUTES = ("gen_ai.tool.call.arguments", "input.value")
+TOOL_OUTPUT_ATTRIBUTES = ("gen_ai.tool.call.result", "output.value")
+
+_OI_TOOL_CALL = re.compile(
+    r"^llm\.output_messages\.(\d+)\.message\.tool_calls\.(\d+)\.tool_call\."
+    r"(function\.name|function\.arguments|id)$"
+)
+_JSON_START = frozenset('{["-0123456789tfn')
+
+
+def unwrap_json(value: Any) -> Any:
+    """A string that parses as JSON becomes the parsed value (trajectory-format.txt); else as is."""
+    if isinstance(value, str) and value:
+        head = value.lstrip()[:1]
+        if head and head in _JSON_START:
+            try:
+                return json.loads(value)
+            except ValueError:
+                return value
+    return value
+
+
+def first_attribute(attributes: dict[str, Any], names: Sequence[str]) -> Any:
+    for name in names:
+        value = attributes.get(name)
+        if value is not None:
+            return value
+    return None
+
+
+def step_kind(span: Span) -> StepKind | None:
+    """TOOL, AGENT or None (not a step) for one span, by the conventions in the module doc."""
+    attributes = span.attributes
+    kind = attributes.get("openinference.span.kind")
+    if kind is not None:
+        kind = str(kind).upper()
+        if kind == "TOOL" or kind == "AGENT":
+            return kind  # type: ignore[return-value]
+        return None
+    operation = attributes.get("gen_ai.operation.name")
+    if operation == "execute_tool":
+        return "TOOL"
+    if operation == "invoke_agent":
+        return "AGENT"
+    if "gen_ai.tool.name" in attributes:
+        return "TOOL"
+    return None
+
+
+def step_name(span: Span, kind: StepKind) -> str:
+    names = TOOL_NAME_ATTRIBUTES if kind == "TOOL" else AGENT_NAME_ATTRIBUTES
+    value = first_attribute(span.attributes, names)
+    return str(value) if value is not None and value != "" else span.name
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddedCall:
+    """A tool call found in an LLM span's output messages."""
+
+    name: str
+    arguments: Any
+    call_id: str | None
+    message_index: int
+    call_index: int
+
+
+def embedded_tool_calls(span: Span) -> list[EmbeddedCall]:
+    """Tool calls an LLM span's output issued, in (message N, call M) order."""
+    attributes = span.attributes
+    calls: list[EmbeddedCall] = []
+    found: dict[tuple[int, int], dict[str, Any]] = {}
+    for key, value in attributes.items():
+        if key.startswith("llm.output_messages.") and "tool_calls" in key:
+            match = _OI_TOOL_CALL.match(key)
+            if match:
+                found.setdefault((int(match[1]), int(match[2])), {})[match[3]] = value
+    for (n, m), fields in sorted(found.items()):
+        name = fields.get("function.name")
+        if name:
+            call_id = fields.get("id")
+            calls.append(
+                EmbeddedCall(
+                    str(name),
+                    unwrap_json(fields.get("function.arguments")),
+                    str(call_id) if call_id else None,
+                    n,
+                    m,
+                )
+            )
+    messages = attributes.get("gen_ai.output.messages")
+    if messages is not None:
+        calls.extend(_genai_tool_calls(messages))
+    return calls
+
+
+def _genai_tool_calls(messages: Any) -> list[EmbeddedCall]:
+    if isinstance(messages, str):
+        try:
+            messages = json.loads(messages)
+        except ValueError:
+            return []
+    if not isinstance(messages, list):
+        return []
+    calls: list[EmbeddedCall] = []
+    for n, message in enumerate(messages):
+        if not isinstance(message, dict):
+            continue
+        m = 0
+        for part in message.get("parts") or ():
+            if isinstance(part, dict) and part.get("type") == "tool_call" and part.get("name"):
+                call_id = part.get("id")
+                calls.append(
+                    EmbeddedCall(
+                        str(part["name"]),
+                        unwrap_json(part.get("arguments")),
+                        str(call_id) if call_id else None,
+                        n,
+                        m,
+                    )
+                )
+                m += 1
+    return calls
+
+
+def _order(span: Span) -> tuple[int, int, str, int]:
+    start = span.start_time_unix_nano
+    if start is None:
+        return (1, span.seq, span.name, 0)
+    return (0, start, span.name, span.seq)
+
+
+def extract_steps(partition: Partition) -> list[Step]:
+    """The partition's observed steps (rules 1-2), in execution order."""
+    return extract_steps_from_spans(partition.spans)
+
+
+def extract_steps_from_spans(spans: Sequence[Span]) -> list[Step]:
+    roots = {id(span) for span in root_spans(spans)}
+    step_spans: list[tuple[tuple[int, int, str, int], Span, StepKind]] = []
+    for span in spans:
+        if id(span) in roots:
+            continue
+        kind = step_kind(span)
+        if kind is not None:
+            step_spans.append((_order(span), span, kind))
+    llm_calls = [(_order(span), span, calls) for span in spans if (calls := embedded_tool_calls(span))]
+    llm_calls.sort(key=lambda item: item[0])
+    if not step_spans:
+        return [
+            Step(
+                name=call.name,
+                kind="TOOL",
+                trace_id=span.trace_id,
+                span_id=span.span_id,
+                start_time_unix_nano=span.start_time_unix_nano,
+                input=call.arguments,
+                round_id=span.span_id,
+            )
+            for _, span, calls in llm_calls
+            for call in calls
+        ]
+    step_spans.sort(key=lambda item: item[0])
+    rounds = _RoundMatcher(llm_calls)
+    steps: list[Step] = []
+    for order, span, kind in step_spans:
+        name = step_name(span, kind)
+        attributes = span.attributes
+        if kind == "TOOL":
+            step_input = first_attribute(attributes, TOOL_INPUT_ATTRIBUTES)
+            step_output = first_attribute(attributes, TOOL_OUTPUT_ATTRIBUTES)
+            round_id = rounds.claim(span, name, order)
+        else:
+            step_input = attributes.get("input.value")
+            step_output = attributes.get("output.value")
+            round_id = None
+        steps.append(
+            Step(
+                name=name,
+                kind=kind,
+                trace_id=span.trace_id,
+                span_id=span.span_id,
+                start_time_unix_nano=span.start_time_unix_nano,
+                input=unwrap_json(step_input),
+                output=unwrap_json(step_output),
+                round_id=round_id,
+            )
+        )
+    return steps
+
+
+class _RoundMatcher:
+    """Pairs each TOOL span with the LLM output call that issued it; each call is claimed once."""
+
+    def __init__(self, llm_calls: list[tuple[tuple[int, int, str, int], Span, list[EmbeddedCall]]]):
+        self._by_id: dict[str, str] = {}
+        self._open: list[tuple[tuple[int, int, str, int], str, str, list[str]]] = []
+        for order, span, calls in llm_calls:
+            for call in calls:
+                if call.call_id:
+                    self._by_id[call.call_id] = span.span_id
+            names = [normalise_tool_name(call.name) for call in calls]
+            self._open.append((order, span.trace_id, span.span_id, names))
+
+    def claim(self, span: Span, name: str, order: tuple[int, int, str, int]) -> str | None:
+        call_id = first_attribute(span.attributes, TOOL_CALL_ID_ATTRIBUTES)
+        if call_id is not None:
+            llm_span_id = self._by_id.get(str(call_id))
+            if llm_span_id is not None:
+                self._take(llm_span_id, normalise_tool_name(name))
+                return llm_span_id
+        wanted = normalise_tool_name(name)
+        for llm_order, trace_id, llm_span_id, names in reversed(self._open):
+            if trace_id == span.trace_id and llm_order < order and wanted in names:
+                names.remove(wanted)
+                return llm_span_id
+        return None
+
+    def _take(self, llm_span_id: str, wanted: str) -> None:
+        for _, _, span_id, names in self._open:
+            if span_id == llm_span_id and wanted in names:
+                names.remove(wanted)
+                return
