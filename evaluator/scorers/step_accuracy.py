@@ -1,0 +1,175 @@
+"""agent.step_accuracy (step-accuracy.txt): does the observed step sequence follow the expected one?
+
+`step_accuracy` is the pure metric; `StepAccuracyScorer` adapts it to the scorer contract
+(ignore_steps, thresholds, errors as results). Alignment lives in alignment.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..expectation import ExpectedStep, ScoringMethod
+from ..model import Step
+from ..results import ScoreResult
+from .alignment import AlignedStep, AlignmentTooLarge, align, names_match
+from .base import ScoringInput
+
+METRIC = "agent.step_accuracy"
+DEFAULT_THRESHOLD = 0.8
+
+
+class StepAccuracyError(ValueError):
+    """Expected steps that cannot be scored (malformed, or a group under strict_position)."""
+
+
+def check_expected_steps(expected: Sequence[Any], scoring_method: ScoringMethod) -> None:
+    """Scoring-time validation: annotation-supplied steps bypass the config validator (rule 6)."""
+    if scoring_method not in ("edit_distance", "strict_position"):
+        raise StepAccuracyError(f"unknown scoring_method {scoring_method!r}")
+    if not isinstance(expected, Sequence) or isinstance(expected, str) or not expected:
+        raise StepAccuracyError("expected_steps must be a non-empty list of step names or groups")
+    for index, token in enumerate(expected):
+        if isinstance(token, str):
+            continue
+        if not isinstance(token, list):
+            raise StepAccuracyError(
+                f"expected_steps[{index}] must be a step name or a list of step names, got {type(token).__name__}"
+            )
+        if scoring_method == "strict_position":
+            raise StepAccuracyError(
+                f"expected_steps[{index}] is an unordered group; groups can only be scored with "
+                "scoring_method edit_distance, not strict_position"
+            )
+        if not token:
+            raise StepAccuracyError(f"expected_steps[{index}] is an empty group")
+        for member_index, member in enumerate(token):
+            if isinstance(member, list):
+                raise StepAccuracyError(
+                    f"expected_steps[{index}][{member_index}] is a group inside a group; "
+                    "only one level of nesting is allowed"
+                )
+            if not isinstance(member, str):
+                raise StepAccuracyError(
+                    f"expected_steps[{index}][{member_index}] must be a step name, got {type(member).__name__}"
+                )
+
+
+def _entry(step: AlignedStep) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "op": step.op,
+        "expected": step.expected,
+        "actual": step.actual,
+        "observed_index": step.observed_index,
+    }
+    if step.group is not None:
+        entry["group"] = step.group
+    return entry
+
+
+def _strict(expected: Sequence[str], observed: Sequence[Step]) -> tuple[list[dict[str, Any]], int]:
+    entries: list[dict[str, Any]] = []
+    correct = 0
+    for index, name in enumerate(expected):
+        if index >= len(observed):
+            entries.append(_entry(AlignedStep("delete", name, None, None)))
+            continue
+        same = names_match(name, observed[index])
+        correct += same
+        op = "match" if same else "substitute"
+        entries.append(_entry(AlignedStep(op, name, observed[index].name, index)))
+    return entries, correct
+
+
+def step_accuracy(
+    observed: Sequence[Step],
+    expected: Sequence[ExpectedStep],
+    scoring_method: ScoringMethod = "edit_distance",
+) -> tuple[float, dict[str, Any]]:
+    """Score `observed` against `expected`; returns (score in [0, 1], metadata as the spec names it).
+
+    Raises StepAccuracyError for malformed expected steps, a group under strict_position, or an
+    alignment too large for the memory budget.
+    """
+    check_expected_steps(expected, scoring_method)
+    total = sum(len(t) if isinstance(t, list) else 1 for t in expected)
+    actual = [s.name for s in observed]
+    metadata: dict[str, Any] = {
+        "scoring_method": scoring_method,
+        "expected_steps": [list(t) if isinstance(t, list) else t for t in expected],
+        "actual_steps": actual,
+        "total_steps": total,
+    }
+    if scoring_method == "strict_position":
+        entries, correct = _strict(expected, observed)  # type: ignore[arg-type]  # groups rejected above
+        metadata.update(steps=entries, correct_steps=correct, extra_steps=actual[len(expected) :])
+        return correct / total, metadata
+
+    try:
+        alignment = align(expected, observed)
+    except AlignmentTooLarge as exc:
+        raise StepAccuracyError(str(exc)) from exc
+    denominator = max(total, len(observed))
+    metadata.update(
+        steps=[_entry(s) for s in alignment.steps],
+        edit_distance=alignment.distance,
+        correct_steps=sum(s.op == "match" for s in alignment.steps),
+        extra_steps=[s.actual for s in alignment.steps if s.op == "insert"],
+    )
+    return 1.0 - alignment.distance / denominator, metadata
+
+
+class StepAccuracyScorer:
+    """agent.step_accuracy as a SyncScorer: applicable whenever expected steps were resolved."""
+
+    name = METRIC
+
+    def applicable(self, inp: ScoringInput) -> bool:
+        return inp.expected_steps is not None
+
+    def score(self, inp: ScoringInput) -> ScoreResult:
+        expectation = inp.expectation
+        threshold = (
+            expectation.thresholds.get(self.name, expectation.threshold)
+            if expectation is not None
+            else DEFAULT_THRESHOLD
+        )
+        ignore = expectation.ignore_steps if expectation is not None else []
+        kept: list[Step] = []
+        ignored: list[str] = []
+        for step in inp.steps:
+            if any(names_match(name, step) for name in ignore):
+                ignored.append(step.name)
+            else:
+                kept.append(step)
+        try:
+            value, metadata = step_accuracy(kept, inp.expected_steps or [], inp.scoring_method)
+        except StepAccuracyError as exc:
+            return ScoreResult(
+                metric=self.name,
+                threshold=threshold,
+                error=str(exc),
+                metadata={"scoring_method": inp.scoring_method, "ignored_steps": ignored},
+            )
+        metadata["ignored_steps"] = ignored
+        return ScoreResult(
+            metric=self.name,
+            score=value,
+            passed=value >= threshold,
+            threshold=threshold,
+            explanation=_explain(metadata),
+            metadata=metadata,
+        )
+
+
+def _explain(metadata: dict[str, Any]) -> str:
+    summary = (
+        f"{metadata['correct_steps']} of {metadata['total_steps']} expected steps matched "
+        f"({metadata['scoring_method']}"
+    )
+    if "edit_distance" in metadata:
+        summary += f", edit distance {metadata['edit_distance']}"
+    summary += ")"
+    if metadata["extra_steps"]:
+        summary += f"; extra steps: {', '.join(metadata['extra_steps'])}"
+    return summary

@@ -1,0 +1,326 @@
+"""agent.step_accuracy: the spec's worked examples, validation, metadata shape, and the scorer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stepwatch.evaluator.expectation import Expectation
+from stepwatch.evaluator.model import Partition, Step
+from stepwatch.evaluator.scorers.base import ScoringInput, SyncScorer
+from stepwatch.evaluator.scorers.step_accuracy import (
+    StepAccuracyError,
+    StepAccuracyScorer,
+    step_accuracy,
+)
+from stepwatch.evaluator.trajectory import Trajectory
+
+CORPUS = Path("/work/shared/corpus")
+
+
+def tools(*names: str) -> list[Step]:
+    return [Step(name=n, kind="TOOL") for n in names]
+
+
+def ops(metadata: dict[str, Any]) -> list[tuple[str, str | None, str | None]]:
+    return [(s["op"], s["expected"], s["actual"]) for s in metadata["steps"]]
+
+
+# --- worked examples (step-accuracy.txt) ---------------------------------------------------
+
+
+def test_leading_extra_step_costs_one_insertion_and_both_real_steps_match() -> None:
+    score, meta = step_accuracy(
+        tools("preamble_call", "search", "open_document"), ["search", "open_document"]
+    )
+    assert score == pytest.approx(1 - 1 / 3)
+    assert round(score, 2) == 0.67
+    assert meta["edit_distance"] == 1
+    assert ops(meta) == [
+        ("insert", None, "preamble_call"),
+        ("match", "search", "search"),
+        ("match", "open_document", "open_document"),
+    ]
+    assert [s["observed_index"] for s in meta["steps"]] == [0, 1, 2]
+    assert meta["extra_steps"] == ["preamble_call"]
+
+
+def test_strict_position_on_the_same_example_scores_zero() -> None:
+    score, meta = step_accuracy(
+        tools("preamble_call", "search", "open_document"), ["search", "open_document"], "strict_position"
+    )
+    assert score == 0.0
+    assert meta["correct_steps"] == 0
+    assert meta["extra_steps"] == ["open_document"]
+    assert "edit_distance" not in meta
+
+
+def test_group_members_in_another_order_all_match() -> None:
+    expected = ["authenticate", ["fetch_a", "fetch_b", "fetch_c"], "finalize"]
+    observed = tools("authenticate", "fetch_c", "fetch_a", "fetch_b", "finalize")
+    score, meta = step_accuracy(observed, expected)
+    assert score == 1.0
+    assert meta["edit_distance"] == 0
+    assert meta["total_steps"] == 5
+    assert meta["correct_steps"] == 5
+    group_entries = [s for s in meta["steps"] if "group" in s]
+    assert [(s["expected"], s["actual"], s["group"]) for s in group_entries] == [
+        ("fetch_c", "fetch_c", 1),
+        ("fetch_a", "fetch_a", 1),
+        ("fetch_b", "fetch_b", 1),
+    ]
+    assert all("group" not in s for s in meta["steps"] if s["expected"] in ("authenticate", "finalize"))
+
+
+def test_group_member_that_never_ran_costs_one_of_five() -> None:
+    expected = ["authenticate", ["fetch_a", "fetch_b", "fetch_c"], "finalize"]
+    score, meta = step_accuracy(tools("authenticate", "fetch_c", "fetch_a", "finalize"), expected)
+    assert score == pytest.approx(0.8)
+    assert meta["total_steps"] == 5
+    assert meta["edit_distance"] == 1
+    assert meta["correct_steps"] == 4
+    assert {
+        "op": "delete",
+        "expected": "fetch_b",
+        "actual": None,
+        "observed_index": None,
+        "group": 1,
+    } in meta["steps"]
+
+
+# --- group cost convention (rule 7) -----------------------------------------------------------
+
+
+def test_missing_member_and_unclaimed_window_step_pair_into_one_substitution() -> None:
+    expected = ["start", ["a", "b", "c"], "end"]
+    score, meta = step_accuracy(tools("start", "a", "zzz", "c", "end"), expected)
+    assert meta["edit_distance"] == 1
+    assert score == pytest.approx(1 - 1 / 5)
+    assert [(s["op"], s["expected"], s["actual"], s.get("group")) for s in meta["steps"]] == [
+        ("match", "start", "start", None),
+        ("match", "a", "a", 1),
+        ("substitute", "b", "zzz", 1),
+        ("match", "c", "c", 1),
+        ("match", "end", "end", None),
+    ]
+
+
+def test_long_window_with_members_at_both_edges_is_one_group_window() -> None:
+    # One window costs max(2, 5) - 2 = 3; splitting it would cost 5.
+    _, meta = step_accuracy(tools("a", "x", "y", "z", "b"), [["a", "b"]])
+    assert meta["edit_distance"] == 3
+    assert [s["op"] for s in meta["steps"]] == ["match", "insert", "insert", "insert", "match"]
+    assert all(s["group"] == 0 for s in meta["steps"])
+
+
+def test_group_index_is_the_position_in_expected_steps() -> None:
+    _, meta = step_accuracy(tools("x", "q", "p", "y", "r", "s"), ["x", ["p", "q"], "y", ["r", "s"]])
+    assert meta["edit_distance"] == 0
+    assert [s.get("group") for s in meta["steps"]] == [None, 1, 1, None, 3, 3]
+
+
+def test_repeated_members_are_matched_optimally() -> None:
+    score, meta = step_accuracy(tools("get_weather", "get_weather"), [["get_weather", "get_weather"]])
+    assert score == 1.0
+    _, meta = step_accuracy(tools("get_weather"), [["get_weather", "get_weather"]])
+    assert [(s["op"], s["expected"]) for s in meta["steps"]] == [
+        ("match", "get_weather"),
+        ("delete", "get_weather"),
+    ]
+
+
+# --- validation -------------------------------------------------------------------------------
+
+
+def test_groups_are_rejected_under_strict_position() -> None:
+    with pytest.raises(
+        StepAccuracyError, match=r"expected_steps\[1\] is an unordered group.*strict_position"
+    ):
+        step_accuracy(tools("a", "b"), ["a", ["b", "c"]], "strict_position")
+
+
+@pytest.mark.parametrize(
+    ("expected", "message"),
+    [
+        (["a", ["b", ["c"]]], r"expected_steps\[1\]\[1\] is a group inside a group"),
+        (["a", []], r"expected_steps\[1\] is an empty group"),
+        ([], "non-empty"),
+        (["a", 3], r"expected_steps\[1\] must be a step name"),
+        ([["a", None]], r"expected_steps\[0\]\[1\] must be a step name"),
+    ],
+)
+def test_malformed_expected_steps_are_rejected(expected: list[Any], message: str) -> None:
+    with pytest.raises(StepAccuracyError, match=message):
+        step_accuracy(tools("a"), expected)
+
+
+def test_step_accuracy_error_is_a_value_error() -> None:
+    assert issubclass(StepAccuracyError, ValueError)
+
+
+# --- name matching (rule 3) -------------------------------------------------------------------
+
+
+def test_tool_names_are_normalised_but_agent_names_are_exact() -> None:
+    observed = [Step("Search-KB", "TOOL"), Step("Financial Analyst", "AGENT")]
+    score, _ = step_accuracy(observed, ["search_kb", "Financial Analyst"])
+    assert score == 1.0
+    score, meta = step_accuracy(observed, ["searchkb", "financial_analyst"])
+    assert meta["edit_distance"] == 1
+    assert ops(meta)[1] == ("substitute", "financial_analyst", "Financial Analyst")
+    score, _ = step_accuracy([Step("Financial Analyst", "AGENT")], ["Financial Analyst "])
+    assert score == 0.0
+
+
+def test_agent_names_are_exact_inside_groups_too() -> None:
+    observed = [Step("writer", "AGENT"), Step("Fetch_Data", "TOOL")]
+    _, meta = step_accuracy(observed, [["fetchdata", "Writer"]])
+    assert meta["edit_distance"] == 1
+    assert ("match", "fetchdata", "Fetch_Data") in ops(meta)
+
+
+# --- strict_position --------------------------------------------------------------------------
+
+
+def test_strict_position_reports_trailing_extras_without_penalty() -> None:
+    score, meta = step_accuracy(tools("a", "b", "c", "d"), ["a", "b"], "strict_position")
+    assert score == 1.0
+    assert meta["extra_steps"] == ["c", "d"]
+    assert meta["correct_steps"] == 2
+    assert [s["op"] for s in meta["steps"]] == ["match", "match"]
+
+
+def test_strict_position_counts_missing_trailing_positions_as_wrong() -> None:
+    score, meta = step_accuracy(tools("a"), ["a", "b", "c"], "strict_position")
+    assert score == pytest.approx(1 / 3)
+    assert [s["op"] for s in meta["steps"]] == ["match", "delete", "delete"]
+    assert meta["extra_steps"] == []
+
+
+# --- edge cases and metadata shape ------------------------------------------------------------
+
+
+def test_no_observed_steps_scores_zero_with_every_expected_step_deleted() -> None:
+    score, meta = step_accuracy([], ["a", ["b", "c"]])
+    assert score == 0.0
+    assert meta["edit_distance"] == meta["total_steps"] == 3
+    assert [s["op"] for s in meta["steps"]] == ["delete"] * 3
+
+
+def test_many_extra_steps_never_push_the_score_below_zero() -> None:
+    score, meta = step_accuracy(tools(*"xyzwv"), ["a"])
+    assert meta["edit_distance"] == 5
+    assert score == 0.0
+
+
+def test_metadata_has_exactly_the_spec_fields() -> None:
+    _, meta = step_accuracy(tools("a", "c"), ["a", ["b", "c"]])
+    assert set(meta) == {
+        "steps",
+        "edit_distance",
+        "total_steps",
+        "correct_steps",
+        "extra_steps",
+        "expected_steps",
+        "actual_steps",
+        "scoring_method",
+    }
+    assert meta["expected_steps"] == ["a", ["b", "c"]]
+    assert meta["actual_steps"] == ["a", "c"]
+    assert meta["scoring_method"] == "edit_distance"
+    json.dumps(meta)  # exported as-is in score events
+
+
+# --- the corpus (real framework traces, scores from their sidecars) ----------------------------
+
+
+@pytest.mark.parametrize("sidecar", sorted(CORPUS.glob("*.expect.json")), ids=lambda p: p.name.split(".")[0])
+def test_corpus_sidecar_scores(sidecar: Path) -> None:
+    data = json.loads(sidecar.read_text())
+    observed = [
+        Step(name, kind)
+        for name, kind in zip(data["observed_steps"], data["observed_step_kinds"], strict=True)
+    ]
+    score, meta = step_accuracy(observed, data["expected_steps"])
+    assert meta["edit_distance"] == data["edit_distance"]
+    assert score == pytest.approx(data["expected_step_accuracy"], abs=1e-6)
+
+
+# --- the scorer ---------------------------------------------------------------------------------
+
+
+def scoring_input(
+    steps: list[Step],
+    expected: list[Any] | None,
+    expectation: Expectation | None = None,
+    method: str = "edit_distance",
+) -> ScoringInput:
+    partition = Partition(type="trace", id="0" * 32, spans=[])
+    return ScoringInput(
+        partition=partition,
+        steps=steps,
+        trajectory=Trajectory(),
+        expectation=expectation,
+        expected_steps=expected,
+        scoring_method=method,  # type: ignore[arg-type]
+    )
+
+
+def test_scorer_contract_and_applicability() -> None:
+    scorer = StepAccuracyScorer()
+    assert isinstance(scorer, SyncScorer)
+    assert scorer.name == "agent.step_accuracy"
+    assert scorer.applicable(scoring_input([], ["a"]))
+    assert not scorer.applicable(scoring_input([], None))
+
+
+def test_scorer_drops_ignored_steps_by_key_and_reports_them() -> None:
+    expectation = Expectation(expected_steps=["get_balance", "transfer"], ignore_steps=["agent", "Log-Event"])
+    steps = [
+        Step("agent", "AGENT"),
+        Step("get_balance", "TOOL"),
+        Step("log_event", "TOOL"),
+        Step("agent", "AGENT"),
+        Step("transfer", "TOOL"),
+        Step("Agent", "AGENT"),
+    ]
+    result = StepAccuracyScorer().score(scoring_input(steps, expectation.expected_steps, expectation))
+    assert result.metadata["ignored_steps"] == ["agent", "log_event", "agent"]
+    assert result.metadata["actual_steps"] == ["get_balance", "transfer", "Agent"]
+    assert result.metadata["edit_distance"] == 1
+    assert result.score == pytest.approx(2 / 3)
+    assert result.passed is False
+
+
+def test_scorer_threshold_per_metric_overrides_default() -> None:
+    steps = tools("pre", "search", "open")
+    default = Expectation(expected_steps=["search", "open"])
+    lenient = Expectation(
+        expected_steps=["search", "open"], threshold=0.9, thresholds={"agent.step_accuracy": 0.6}
+    )
+    scorer = StepAccuracyScorer()
+    assert scorer.score(scoring_input(steps, ["search", "open"], default)).passed is False
+    result = scorer.score(scoring_input(steps, ["search", "open"], lenient))
+    assert (result.passed, result.threshold, result.outcome) == (True, 0.6, "pass")
+    no_expectation = scorer.score(scoring_input(tools("search", "open"), ["search", "open"]))
+    assert (no_expectation.threshold, no_expectation.passed) == (0.8, True)
+
+
+def test_scorer_uses_the_inputs_scoring_method() -> None:
+    result = StepAccuracyScorer().score(
+        scoring_input(tools("pre", "search", "open"), ["search", "open"], method="strict_position")
+    )
+    assert result.score == 0.0
+    assert result.metadata["scoring_method"] == "strict_position"
+
+
+def test_annotation_group_under_strict_position_is_an_error_result() -> None:
+    result = StepAccuracyScorer().score(
+        scoring_input(tools("a", "b"), ["a", ["b"]], method="strict_position")
+    )
+    assert result.score is None
+    assert result.outcome == "error"
+    assert "strict_position" in (result.error or "")
