@@ -1,0 +1,209 @@
+"""The one scoring path: partition + expectation -> ScoringInput -> scorers -> ScoreResults.
+
+The offline CLI (`stepwatch score`) and the streaming service both call these functions, so a
+partition scores the same whichever way it arrived.
+
+- Expected steps resolve as: the partition's `annotations["expected_steps"]` (JSON, per
+  occurrence) first, else the expectation's `expected_steps`. An annotation that is not a JSON
+  list of step names / groups does not raise: agent.step_accuracy reports it as an error result
+  (the other scorers still run).
+- The scoring method resolves as: the explicit override, else the expectation's, else
+  edit_distance.
+- Scorers are isolated: one that raises becomes `ScoreResult(error=...)`; one that is not
+  applicable to the input (e.g. step accuracy with no expected steps) yields no result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from .expectation import Expectation, ExpectedStep, ScoringMethod
+from .model import Partition
+from .results import ScoreResult
+from .scorers.base import Scorer, ScoringInput
+from .steps import extract_steps
+from .trajectory_build import build_trajectory
+
+STEP_ACCURACY = "agent.step_accuracy"
+EXPECTED_STEPS_ERROR = "expected_steps_error"
+"""ScoringInput.extras key holding why the partition's expected_steps annotation was unusable."""
+
+_EXPECTED_STEPS = TypeAdapter(list[ExpectedStep])
+
+
+def parse_expected_steps(text: str) -> list[ExpectedStep]:
+    """Parse a JSON expected-steps list (bare names and one-level groups); ValueError says why."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"expected_steps is not valid JSON: {exc}") from None
+    return validate_expected_steps_value(value)
+
+
+def validate_expected_steps_value(value: Any) -> list[ExpectedStep]:
+    """A decoded expected-steps value checked for shape; ValueError with a one-line reason."""
+    if not isinstance(value, list) or not value:
+        raise ValueError("expected_steps must be a non-empty JSON list of step names or groups")
+    try:
+        return _EXPECTED_STEPS.validate_python(value, strict=True)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = "".join(f"[{part}]" for part in first["loc"][:2] if isinstance(part, int))
+        raise ValueError(
+            f"expected_steps{where} must be a step name or a list of step names (one level of nesting)"
+        ) from None
+
+
+def resolve_expected_steps(
+    partition: Partition, expectation: Expectation | None
+) -> tuple[list[ExpectedStep] | None, str | None]:
+    """(expected steps, error): the annotation wins over the expectation; a bad annotation is an error."""
+    annotation = partition.annotations.get("expected_steps")
+    if annotation is not None:
+        try:
+            return parse_expected_steps(annotation), None
+        except ValueError as exc:
+            return None, f"annotation aip.eval.expected_steps: {exc}"
+    if expectation is not None and expectation.expected_steps is not None:
+        return list(expectation.expected_steps), None
+    return None, None
+
+
+def build_scoring_input(
+    partition: Partition,
+    expectation: Expectation | None,
+    scoring_method_override: ScoringMethod | None = None,
+    extras: Mapping[str, object] | None = None,
+) -> ScoringInput:
+    """Everything the scorers read about one closed partition, built once."""
+    expected_steps, error = resolve_expected_steps(partition, expectation)
+    method: ScoringMethod = scoring_method_override or (
+        expectation.scoring_method if expectation is not None else "edit_distance"
+    )
+    all_extras: dict[str, object] = dict(extras or {})
+    if error is not None:
+        all_extras[EXPECTED_STEPS_ERROR] = error
+    return ScoringInput(
+        partition=partition,
+        steps=extract_steps(partition),
+        trajectory=build_trajectory(partition),
+        expectation=expectation,
+        expected_steps=expected_steps,
+        scoring_method=method,
+        extras=all_extras,
+    )
+
+
+def is_async_scorer(scorer: Scorer) -> bool:
+    return inspect.iscoroutinefunction(scorer.score)
+
+
+def _uses_expected_steps(scorer: Scorer) -> bool:
+    return bool(getattr(scorer, "uses_expected_steps", scorer.name == STEP_ACCURACY))
+
+
+def _pre_result(inp: ScoringInput, scorer: Scorer) -> ScoreResult | None:
+    """A result decided without running the scorer (bad annotation), else None."""
+    error = inp.extras.get(EXPECTED_STEPS_ERROR)
+    if error is not None and _uses_expected_steps(scorer):
+        return ScoreResult(metric=scorer.name, error=str(error))
+    return None
+
+
+def _checked(scorer: Scorer, result: object) -> ScoreResult:
+    if isinstance(result, ScoreResult):
+        return result
+    return ScoreResult(
+        metric=scorer.name, error=f"scorer returned {type(result).__name__}, not a ScoreResult"
+    )
+
+
+def _failure(scorer: Scorer, exc: Exception) -> ScoreResult:
+    return ScoreResult(metric=scorer.name, error=f"scorer failed: {type(exc).__name__}: {exc}")
+
+
+def _applicable(inp: ScoringInput, scorer: Scorer) -> bool | ScoreResult:
+    try:
+        return bool(scorer.applicable(inp))
+    except Exception as exc:
+        return _failure(scorer, exc)
+
+
+def run_sync_scorers(inp: ScoringInput, scorers: Sequence[Scorer]) -> list[ScoreResult]:
+    """Run synchronous scorers in order; async ones in `scorers` are an error result each."""
+    results: list[ScoreResult] = []
+    for scorer in scorers:
+        pre = _pre_result(inp, scorer)
+        if pre is not None:
+            results.append(pre)
+            continue
+        if is_async_scorer(scorer):
+            results.append(ScoreResult(metric=scorer.name, error="async scorer passed to run_sync_scorers"))
+            continue
+        applicable = _applicable(inp, scorer)
+        if applicable is False:
+            continue
+        if isinstance(applicable, ScoreResult):
+            results.append(applicable)
+            continue
+        try:
+            results.append(_checked(scorer, scorer.score(inp)))
+        except Exception as exc:
+            results.append(_failure(scorer, exc))
+    return results
+
+
+async def _run_one_async(inp: ScoringInput, scorer: Scorer) -> ScoreResult | None:
+    pre = _pre_result(inp, scorer)
+    if pre is not None:
+        return pre
+    applicable = _applicable(inp, scorer)
+    if applicable is False:
+        return None
+    if isinstance(applicable, ScoreResult):
+        return applicable
+    try:
+        return _checked(scorer, await scorer.score(inp))  # type: ignore[misc]
+    except Exception as exc:
+        return _failure(scorer, exc)
+
+
+async def run_async_scorers(inp: ScoringInput, scorers: Sequence[Scorer]) -> list[ScoreResult]:
+    """Run every scorer: async ones concurrently on the loop, sync ones together in a worker thread.
+
+    Results keep the order of `scorers`.
+    """
+    sync = [scorer for scorer in scorers if not is_async_scorer(scorer)]
+    async_ = [scorer for scorer in scorers if is_async_scorer(scorer)]
+    sync_task = asyncio.to_thread(_run_sync_keyed, inp, sync) if sync else None
+    gathered = await asyncio.gather(
+        *(_run_one_async(inp, scorer) for scorer in async_),
+        *([sync_task] if sync_task is not None else []),
+    )
+    by_scorer: dict[int, list[ScoreResult]] = {}
+    for scorer, result in zip(async_, gathered[: len(async_)], strict=True):
+        by_scorer[id(scorer)] = [result] if result is not None else []
+    if sync_task is not None:
+        by_scorer.update(gathered[-1])
+    return [result for scorer in scorers for result in by_scorer.get(id(scorer), [])]
+
+
+def _run_sync_keyed(inp: ScoringInput, scorers: Sequence[Scorer]) -> dict[int, list[ScoreResult]]:
+    return {id(scorer): run_sync_scorers(inp, [scorer]) for scorer in scorers}
+
+
+def score_partition(
+    partition: Partition,
+    expectation: Expectation | None,
+    scorers: Sequence[Scorer],
+    scoring_method_override: ScoringMethod | None = None,
+) -> tuple[ScoringInput, list[ScoreResult]]:
+    """Build the input and run synchronous scorers: the offline CLI's whole scoring step."""
+    inp = build_scoring_input(partition, expectation, scoring_method_override)
+    return inp, run_sync_scorers(inp, scorers)

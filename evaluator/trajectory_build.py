@@ -1,0 +1,103 @@
+"""Partition -> canonical Trajectory, exactly per trajectory-format.txt.
+
+- A span is a tool call when it carries `gen_ai.tool.name` or has openinference.span.kind TOOL.
+  Name: `gen_ai.tool.name`, else `tool.name`, else the span name. Input:
+  `gen_ai.tool.call.arguments`, else `input.value`; output: `gen_ai.tool.call.result`, else
+  `output.value`. String inputs/outputs that parse as JSON are unwrapped.
+- Spans are ordered by start time; spans without timestamps keep document order after timed ones.
+- The final answer comes from the root candidate (no parent, or a parent not in the partition)
+  that carries `output.value` or `gen_ai.completion` and starts last; `output.value` wins when both
+  are present; the answer is kept as a raw string (never JSON-unwrapped). None when no candidate
+  carries either.
+- Token usage is summed over every span: `gen_ai.usage.input_tokens` / `output_tokens`, else
+  OpenInference `llm.token_count.prompt` / `completion` (one convention per span, never both).
+- Latency is max(end) - min(start) over the spans that have them (None without any).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .model import Partition, Span
+from .partitioning import root_spans, sort_spans
+from .steps import TOOL_INPUT_ATTRIBUTES, TOOL_OUTPUT_ATTRIBUTES, first_attribute, unwrap_json
+from .trajectory import TokenUsage, Trajectory, TrajectoryStep
+
+FINAL_ANSWER_ATTRIBUTES = ("output.value", "gen_ai.completion")
+
+
+def is_tool_call(span: Span) -> bool:
+    attributes = span.attributes
+    return "gen_ai.tool.name" in attributes or attributes.get("openinference.span.kind") == "TOOL"
+
+
+def tool_name(span: Span) -> str:
+    value = first_attribute(span.attributes, ("gen_ai.tool.name", "tool.name"))
+    return str(value) if value is not None and value != "" else span.name
+
+
+def build_trajectory(partition: Partition) -> Trajectory:
+    return build_trajectory_from_spans(partition.spans)
+
+
+def build_trajectory_from_spans(spans: list[Span]) -> Trajectory:
+    ordered = sort_spans(spans)
+    steps = [
+        TrajectoryStep(
+            tool=tool_name(span),
+            input=unwrap_json(first_attribute(span.attributes, TOOL_INPUT_ATTRIBUTES)),
+            output=unwrap_json(first_attribute(span.attributes, TOOL_OUTPUT_ATTRIBUTES)),
+        )
+        for span in ordered
+        if is_tool_call(span)
+    ]
+    return Trajectory(
+        steps=steps,
+        final_output=final_answer(ordered),
+        token_usage=token_usage(ordered),
+        latency_ns=latency_ns(ordered),
+    )
+
+
+def final_answer(ordered: list[Span]) -> str | None:
+    """The last-starting root candidate's answer; `ordered` must be in span order."""
+    for span in reversed(root_spans(ordered)):
+        value = first_attribute(span.attributes, FINAL_ANSWER_ATTRIBUTES)
+        if value is not None:
+            return value if isinstance(value, str) else json.dumps(value)
+    return None
+
+
+def token_usage(spans: list[Span]) -> TokenUsage:
+    input_tokens = output_tokens = 0
+    for span in spans:
+        attributes = span.attributes
+        if "gen_ai.usage.input_tokens" in attributes or "gen_ai.usage.output_tokens" in attributes:
+            input_tokens += _count(attributes.get("gen_ai.usage.input_tokens"))
+            output_tokens += _count(attributes.get("gen_ai.usage.output_tokens"))
+        else:
+            input_tokens += _count(attributes.get("llm.token_count.prompt"))
+            output_tokens += _count(attributes.get("llm.token_count.completion"))
+    return TokenUsage(input_tokens=input_tokens, output_tokens=output_tokens)
+
+
+def latency_ns(spans: list[Span]) -> int | None:
+    starts = [span.start_time_unix_nano for span in spans if span.start_time_unix_nano is not None]
+    ends = [span.end_time_unix_nano for span in spans if span.end_time_unix_nano is not None]
+    if not starts or not ends:
+        return None
+    return max(0, max(ends) - min(starts))
+
+
+def _count(value: Any) -> int:
+    """A token count attribute as int; absent, negative or non-numeric values count as 0."""
+    if isinstance(value, bool) or value is None:
+        return 0
+    if isinstance(value, int):
+        return max(value, 0)
+    if isinstance(value, float) and value.is_integer():
+        return max(int(value), 0)
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return 0
