@@ -1,0 +1,31 @@
+"""Span accounting: every span received ends scored, rejected (with a reason) or late.
+
+Plain integer counters, cheaper than metric objects on the hot path; the Prometheus exporter reads
+them at scrape time. Each field is written from one place: ingest counters by the receivers' event
+loop, buffer counters under the buffer's lock, scoring counters by the scoring worker.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class SpanAccounting:
+    received: Counter[str] = field(default_factory=Counter)
+    """Spans in requests that decoded, by protocol (`grpc`, `http`, `kafka`)."""
+    rejected: Counter[str] = field(default_factory=Counter)
+    """Spans refused, by reason (`invalid_trace_id`, `buffer_full`, `limit`, `duplicate`, ...)."""
+    requests_rejected: Counter[str] = field(default_factory=Counter)
+    """Whole requests refused before their spans could be counted (`decode`, `too_large`, ...)."""
+    late: int = 0
+    scored: int = 0
+    closed: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """Partitions scored, by (partition_type, close reason)."""
+    unmatched: Counter[str] = field(default_factory=Counter)
+    """Partitions with no registered expectation, by partition_type."""
+
+    def settled(self) -> int:
+        """Spans whose fate is decided: scored + rejected + late."""
+        return self.scored + sum(self.rejected.values()) + self.late

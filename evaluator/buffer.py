@@ -1,0 +1,501 @@
+"""Trace and session buffering with close detection, late spans and revisions; memory bounded.
+
+Spans are held as opaque `SpanRecord`s (the encoded span plus the few fields close detection
+needs), so ingest never decodes attributes; the scoring worker decodes a partition when it closes.
+
+Lifecycle of a trace:
+- open: spans arrive; it closes when its root span has ended and no span arrived for
+  `trace_idle_timeout` (a trace whose root never arrives: `rootless_trace_idle_timeout`), at
+  `max_trace_age` since its first span, or early when it reaches `max_spans_per_trace` (`limit`).
+- closed, awaiting routing: `sweep()` hands it out with `needs_routing`; the worker decodes it,
+  finds its task key and session, and calls `settle_trace()` (score it as a trace) or
+  `join_session()` (its session's expectation says `partition: session`).
+- A session closes when none of its traces had a span for `session_idle_timeout`, at
+  `max_session_age`, or when it holds `max_traces_per_session` traces (`limit`).
+- A closed partition is remembered for `late_span_window`: spans that arrive for it are counted
+  late and (while its spans are retained, bounded by `max_retained_spans`) trigger a re-score
+  emitted as the next revision once they stop arriving for `trace_idle_timeout`.
+
+All times are arrival times on an injected monotonic clock, never span timestamps. The class is
+thread-safe (one lock): receivers call `offer()` on the event loop, the worker calls back.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from .accounting import SpanAccounting
+from .model import PartitionType
+
+SpanRecord = tuple[bytes, bytes, int, bytes, object]
+"""(trace_id, span_id, flags, encoded span, origin): origin is the receiver's shared context
+(resource and scope) for decoding; the buffer never looks inside the payload or origin."""
+
+ROOT_ENDED = 1
+"""`flags` bit: the span has no parent and has ended (an SDK exports a span when it ends)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BufferLimits:
+    """Timeouts in seconds and capacity limits; see docs/configuration.md (`buffer:`)."""
+
+    trace_idle_timeout: float = 2.0
+    rootless_trace_idle_timeout: float = 30.0
+    max_trace_age: float = 300.0
+    session_idle_timeout: float = 30.0
+    max_session_age: float = 3600.0
+    late_span_window: float = 60.0
+    max_buffered_spans: int = 500_000
+    max_spans_per_trace: int = 10_000
+    max_traces_per_session: int = 1_000
+    max_retained_spans: int = 100_000
+
+
+@dataclass(slots=True)
+class Admission:
+    """What `offer()` did with a batch: every record is in exactly one count (or `full`)."""
+
+    accepted: int = 0
+    late: int = 0
+    duplicates: int = 0
+    limit: int = 0
+    full: bool = False
+    """Nothing was taken: the buffer is at `max_buffered_spans`; the client should retry later."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedPartition:
+    """A partition handed to the scoring worker.
+
+    `records` is a snapshot (never mutated afterwards). `new_spans` is how many spans are scored for
+    the first time (0 for a revision, whose late spans were counted late). `needs_routing` marks a
+    trace whose partition type is not decided yet: the worker must call `settle_trace` or
+    `join_session` with it, then `done` after scoring.
+    """
+
+    partition_type: PartitionType
+    partition_id: str
+    records: list[SpanRecord]
+    reason: str
+    revision: int
+    last_arrival: float
+    new_spans: int
+    task_key: str | None = None
+    session_id: str | None = None
+    needs_routing: bool = False
+    handle: object = field(default=None, repr=False, compare=False)
+
+
+class _OpenTrace:
+    __slots__ = ("first", "last", "records", "root_ended", "span_ids", "trace_id")
+
+    def __init__(self, trace_id: bytes, now: float) -> None:
+        self.trace_id = trace_id
+        self.records: list[SpanRecord] = []
+        self.span_ids: set[bytes] = set()
+        self.first = now
+        self.last = now
+        self.root_ended = False
+
+
+class _Part:
+    """A closed trace (pending routing or scored) or a session (open or closed)."""
+
+    __slots__ = (
+        "closed_at",
+        "first",
+        "key",
+        "kind",
+        "last",
+        "limited",
+        "pending",
+        "records",
+        "retained",
+        "revision",
+        "revision_due",
+        "state",
+        "task_key",
+        "trace_ids",
+    )
+
+    def __init__(self, kind: PartitionType, key: str, records: list[SpanRecord], first: float, last: float):
+        self.kind: PartitionType = kind
+        self.key = key
+        self.records: list[SpanRecord] = records
+        self.first = first
+        self.last = last
+        self.state = "pending" if kind == "trace" else "open"
+        self.pending: list[SpanRecord] = []
+        self.trace_ids: list[bytes] = []
+        self.task_key: str | None = None
+        self.closed_at = 0.0
+        self.limited = False
+        self.retained = False
+        self.revision = 0
+        self.revision_due: float | None = None
+
+
+class PartitionBuffer:
+    """Buffers spans per trace and per session and decides when each partition closes."""
+
+    def __init__(
+        self,
+        limits: BufferLimits,
+        accounting: SpanAccounting,
+        clock: Callable[[], float],
+    ) -> None:
+        self.limits = limits
+        self.accounting = accounting
+        self._now = clock
+        self._lock = threading.Lock()
+        self._traces: OrderedDict[bytes, _OpenTrace] = OrderedDict()  # least recently active first
+        self._traces_by_age: dict[bytes, _OpenTrace] = {}  # oldest first
+        self._sessions: OrderedDict[str, _Part] = OrderedDict()
+        self._sessions_by_age: dict[str, _Part] = {}
+        self._closed_traces: dict[bytes, _Part] = {}  # trace id -> its (pending/closed/session) part
+        self._closed_sessions: dict[str, _Part] = {}
+        self._closed: deque[_Part] = deque()  # closing order, for the late window
+        self._retained_order: deque[_Part] = deque()
+        self._revisions: list[_Part] = []
+        self._ready: list[ClosedPartition] = []  # closed by `limit` during offer()
+        self._buffered = 0
+        self._retained = 0
+
+    # -- ingest (event loop) ------------------------------------------------------------------
+
+    def offer(self, records: Sequence[SpanRecord]) -> Admission:
+        """Buffer a batch of valid spans, all or nothing when full (so a client retry loses nothing)."""
+        adm = Admission()
+        limits = self.limits
+        with self._lock:
+            now = self._now()
+            if self._buffered + len(records) > limits.max_buffered_spans:
+                adm.full = True
+                return adm
+            traces = self._traces
+            max_spans = limits.max_spans_per_trace
+            touched: dict[bytes, _OpenTrace] = {}
+            for rec in records:
+                trace_id = rec[0]
+                trace = traces.get(trace_id)
+                if trace is None:
+                    part = self._closed_traces.get(trace_id)
+                    if part is not None:
+                        self._after_close(part, rec, now, adm)
+                        continue
+                    trace = _OpenTrace(trace_id, now)
+                    traces[trace_id] = trace
+                    self._traces_by_age[trace_id] = trace
+                span_ids = trace.span_ids
+                if rec[1] in span_ids:
+                    adm.duplicates += 1
+                    continue
+                span_ids.add(rec[1])
+                trace.records.append(rec)
+                if rec[2] & ROOT_ENDED:
+                    trace.root_ended = True
+                adm.accepted += 1
+                touched[trace_id] = trace
+                if len(trace.records) >= max_spans:
+                    trace.last = now
+                    self._ready.append(self._pop_trace(trace, "limit", now))
+                    touched.pop(trace_id, None)
+            for trace_id, trace in touched.items():
+                trace.last = now
+                traces.move_to_end(trace_id)
+            self._buffered += adm.accepted
+            acc = self.accounting
+            if adm.late:
+                acc.late += adm.late
+            if adm.duplicates:
+                acc.rejected["duplicate"] += adm.duplicates
+            if adm.limit:
+                acc.rejected["limit"] += adm.limit
+        return adm
+
+    def _after_close(self, part: _Part, rec: SpanRecord, now: float, adm: Admission) -> None:
+        """A span for a trace that already closed: pending routing, in an open session, or late."""
+        if part.limited:
+            adm.limit += 1
+        elif part.state == "pending":
+            part.pending.append(rec)
+            part.last = now
+            adm.accepted += 1
+        elif part.state == "open":  # the trace joined a session that is still open
+            part.records.append(rec)
+            part.last = now
+            self._sessions.move_to_end(part.key)
+            adm.accepted += 1
+        else:
+            adm.late += 1
+            self._late(part, [rec], now)
+
+    def _late(self, part: _Part, records: list[SpanRecord], now: float) -> None:
+        """Late spans (already counted): keep them for a revision while the part is retained."""
+        if not part.retained:
+            return
+        if self._retained + len(records) > self.limits.max_retained_spans:
+            self._evict_retained(len(records), keep=part)
+            if self._retained + len(records) > self.limits.max_retained_spans:
+                return
+        part.records = [*part.records, *records]  # copy on write: emitted snapshots stay intact
+        self._retained += len(records)
+        part.last = now
+        if part.revision_due is None:
+            self._revisions.append(part)
+        part.revision_due = now + self.limits.trace_idle_timeout
+
+    # -- close detection (event loop) -----------------------------------------------------------
+
+    def sweep(self) -> list[ClosedPartition]:
+        """Everything due now: limit closes, idle/aged traces and sessions, revisions; expire windows."""
+        with self._lock:
+            now = self._now()
+            out, self._ready = self._ready, []
+            limits = self.limits
+            due: list[tuple[_OpenTrace, str]] = []
+            idle_cutoff = now - limits.trace_idle_timeout
+            rootless_cutoff = now - limits.rootless_trace_idle_timeout
+            for trace in self._traces.values():
+                if trace.last > idle_cutoff:
+                    break
+                if trace.root_ended or trace.last <= rootless_cutoff:
+                    due.append((trace, "idle"))
+            age_cutoff = now - limits.max_trace_age
+            for trace in self._traces_by_age.values():
+                if trace.first > age_cutoff:
+                    break
+                due.append((trace, "max_age"))
+            for trace, reason in due:
+                if self._traces.get(trace.trace_id) is trace:
+                    out.append(self._pop_trace(trace, reason, now))
+            sessions_due: list[tuple[_Part, str]] = []
+            cutoff = now - limits.session_idle_timeout
+            for session in self._sessions.values():
+                if session.last > cutoff:
+                    break
+                sessions_due.append((session, "idle"))
+            age_cutoff = now - limits.max_session_age
+            for session in self._sessions_by_age.values():
+                if session.first > age_cutoff:
+                    break
+                sessions_due.append((session, "max_age"))
+            for session, reason in sessions_due:
+                if session.state == "open":
+                    out.append(self._close_session(session, reason, now))
+            self._due_revisions(now, out, force=False)
+            self._expire(now, out)
+        return out
+
+    def close_all(self, reason: str = "shutdown") -> list[ClosedPartition]:
+        """Close every open trace and session and emit pending revisions (drain on shutdown)."""
+        with self._lock:
+            now = self._now()
+            out, self._ready = self._ready, []
+            for trace in list(self._traces.values()):
+                out.append(self._pop_trace(trace, reason, now))
+            for session in list(self._sessions.values()):
+                out.append(self._close_session(session, reason, now))
+            self._due_revisions(now, out, force=True)
+        return out
+
+    def _pop_trace(self, trace: _OpenTrace, reason: str, now: float) -> ClosedPartition:
+        del self._traces[trace.trace_id]
+        del self._traces_by_age[trace.trace_id]
+        part = _Part("trace", trace.trace_id.hex(), trace.records, trace.first, trace.last)
+        part.trace_ids.append(trace.trace_id)
+        part.limited = reason == "limit"
+        self._closed_traces[trace.trace_id] = part
+        return ClosedPartition(
+            partition_type="trace",
+            partition_id=part.key,
+            records=trace.records,
+            reason=reason,
+            revision=0,
+            last_arrival=trace.last,
+            new_spans=len(trace.records),
+            needs_routing=True,
+            handle=part,
+        )
+
+    def _close_session(self, session: _Part, reason: str, now: float) -> ClosedPartition:
+        del self._sessions[session.key]
+        del self._sessions_by_age[session.key]
+        session.state = "closed"
+        session.closed_at = now
+        session.limited = reason == "limit"
+        self._closed_sessions[session.key] = session
+        self._closed.append(session)
+        self._retain(session)
+        return ClosedPartition(
+            partition_type="session",
+            partition_id=session.key,
+            records=list(session.records),
+            reason=reason,
+            revision=0,
+            last_arrival=session.last,
+            new_spans=len(session.records),
+            task_key=session.task_key,
+            session_id=session.key,
+        )
+
+    def _due_revisions(self, now: float, out: list[ClosedPartition], *, force: bool) -> None:
+        keep: list[_Part] = []
+        for part in self._revisions:
+            if part.revision_due is not None and (force or part.revision_due <= now):
+                out.append(self._revision(part))
+            elif part.revision_due is not None:
+                keep.append(part)
+        self._revisions = keep
+
+    def _revision(self, part: _Part) -> ClosedPartition:
+        part.revision += 1
+        part.revision_due = None
+        return ClosedPartition(
+            partition_type=part.kind,
+            partition_id=part.key,
+            records=list(part.records),
+            reason="late_revision",
+            revision=part.revision,
+            last_arrival=part.last,
+            new_spans=0,
+            task_key=part.task_key,
+            session_id=part.key if part.kind == "session" else None,
+        )
+
+    def _expire(self, now: float, out: list[ClosedPartition]) -> None:
+        """Forget partitions whose late window has passed; a span for them starts a new partition."""
+        cutoff = now - self.limits.late_span_window
+        closed = self._closed
+        while closed and closed[0].closed_at <= cutoff:
+            part = closed.popleft()
+            if part.revision_due is not None:
+                out.append(self._revision(part))
+                self._revisions.remove(part)
+            for trace_id in part.trace_ids:
+                if self._closed_traces.get(trace_id) is part:
+                    del self._closed_traces[trace_id]
+            if part.kind == "session" and self._closed_sessions.get(part.key) is part:
+                del self._closed_sessions[part.key]
+            self._unretain(part)
+
+    # -- retention of closed partitions for revisions --------------------------------------------
+
+    def _retain(self, part: _Part) -> None:
+        size = len(part.records)
+        if size > self.limits.max_retained_spans:
+            return
+        if self._retained + size > self.limits.max_retained_spans:
+            self._evict_retained(size, keep=part)
+        part.retained = True
+        self._retained += size
+        self._retained_order.append(part)
+
+    def _evict_retained(self, needed: int, keep: _Part) -> None:
+        """Drop the oldest retained spans (those partitions still count late spans, without revisions)."""
+        order = self._retained_order
+        while order and self._retained + needed > self.limits.max_retained_spans:
+            part = order.popleft()
+            if part is keep:
+                order.append(part)
+                if len(order) == 1:
+                    return
+                continue
+            self._unretain(part)
+
+    def _unretain(self, part: _Part) -> None:
+        if part.retained:
+            part.retained = False
+            self._retained -= len(part.records)
+            part.records = []
+            if part.revision_due is not None:
+                part.revision_due = None
+                if part in self._revisions:
+                    self._revisions.remove(part)
+
+    # -- routing and completion (scoring worker) --------------------------------------------------
+
+    def settle_trace(self, closed: ClosedPartition) -> None:
+        """The closed trace is scored as a trace partition: keep it for the late window."""
+        with self._lock:
+            now = self._now()
+            part = self._handle(closed)
+            part.state = "closed"
+            part.closed_at = now
+            self._closed.append(part)
+            self._retain(part)
+            if part.pending:
+                late, part.pending = part.pending, []
+                self._buffered -= len(late)
+                self.accounting.late += len(late)
+                self._late(part, late, now)
+
+    def join_session(
+        self, closed: ClosedPartition, session_id: str, task_key: str | None
+    ) -> list[ClosedPartition]:
+        """Add a closed trace to its session; returns the session if that closed it (`limit`)."""
+        with self._lock:
+            now = self._now()
+            trace_part = self._handle(closed)
+            records = [*closed.records, *trace_part.pending]
+            trace_id = trace_part.trace_ids[0]
+            session = self._sessions.get(session_id)
+            if session is None and session_id in self._closed_sessions:
+                session = self._closed_sessions[session_id]
+                self._closed_traces[trace_id] = session
+                session.trace_ids.append(trace_id)
+                self._buffered -= len(records)
+                if session.limited:
+                    self.accounting.rejected["limit"] += len(records)
+                else:
+                    self.accounting.late += len(records)
+                    self._late(session, records, now)
+                return []
+            if session is None:
+                session = _Part("session", session_id, [], trace_part.first, trace_part.last)
+                session.task_key = task_key
+                self._sessions[session_id] = session
+                self._sessions_by_age[session_id] = session
+            session.records.extend(records)
+            session.trace_ids.append(trace_id)
+            self._closed_traces[trace_id] = session
+            if trace_part.last > session.last:
+                session.last = trace_part.last
+                self._sessions.move_to_end(session_id)
+            if len(session.trace_ids) >= self.limits.max_traces_per_session:
+                return [self._close_session(session, "limit", now)]
+            return []
+
+    def done(self, closed: ClosedPartition) -> None:
+        """The worker finished scoring `closed`: its spans no longer count as buffered."""
+        if closed.new_spans:
+            with self._lock:
+                self._buffered -= closed.new_spans
+
+    def _handle(self, closed: ClosedPartition) -> _Part:
+        part = closed.handle
+        if not isinstance(part, _Part) or part.state != "pending":
+            raise ValueError(f"trace {closed.partition_id} is not awaiting routing")
+        return part
+
+    # -- gauges ---------------------------------------------------------------------------------
+
+    @property
+    def buffered_spans(self) -> int:
+        """Spans held in open partitions or closed and not yet scored: what `max_buffered_spans` caps."""
+        return self._buffered
+
+    @property
+    def retained_spans(self) -> int:
+        return self._retained
+
+    def open_partitions(self) -> dict[str, int]:
+        return {"trace": len(self._traces), "session": len(self._sessions)}
+
+    def idle(self) -> bool:
+        """Nothing open, nothing awaiting scoring, no revision pending."""
+        with self._lock:
+            return self._buffered == 0 and not self._revisions and not self._ready

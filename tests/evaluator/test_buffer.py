@@ -1,0 +1,251 @@
+"""Close detection, limits, late spans and revisions of the partition buffer, on a manual clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from stepwatch.evaluator.accounting import SpanAccounting
+from stepwatch.evaluator.buffer import ROOT_ENDED, BufferLimits, ClosedPartition, PartitionBuffer
+from stepwatch.evaluator.clock import ManualClock
+
+
+def rec(trace: int, span: int, root: bool = False) -> tuple[bytes, bytes, int, bytes, object]:
+    return (trace.to_bytes(16, "big"), span.to_bytes(8, "big"), ROOT_ENDED if root else 0, b"x", None)
+
+
+def make(**limits: float) -> tuple[PartitionBuffer, ManualClock, SpanAccounting]:
+    clock = ManualClock()
+    acc = SpanAccounting()
+    base = dict(trace_idle_timeout=2.0, rootless_trace_idle_timeout=10.0, session_idle_timeout=5.0)
+    return PartitionBuffer(BufferLimits(**(base | limits)), acc, clock.monotonic), clock, acc
+
+
+def score(buf: PartitionBuffer, acc: SpanAccounting, closed: ClosedPartition) -> None:
+    """What the service does after scoring a partition."""
+    acc.scored += closed.new_spans
+    buf.done(closed)
+
+
+def test_trace_closes_idle_after_root_ended_not_before() -> None:
+    buf, clock, _ = make()
+    assert buf.offer([rec(1, 1), rec(1, 2)]).accepted == 2
+    clock.advance(3)
+    assert buf.sweep() == []  # no root yet: waits for the rootless timeout
+    buf.offer([rec(1, 3, root=True)])
+    clock.advance(1.9)
+    assert buf.sweep() == []
+    clock.advance(0.2)
+    (closed,) = buf.sweep()
+    assert (closed.partition_type, closed.reason, closed.revision, len(closed.records)) == (
+        "trace",
+        "idle",
+        0,
+        3,
+    )
+    assert closed.needs_routing and closed.partition_id == (1).to_bytes(16, "big").hex()
+
+
+def test_new_span_resets_idle_timer() -> None:
+    buf, clock, _ = make()
+    buf.offer([rec(1, 1, root=True)])
+    clock.advance(1.5)
+    buf.offer([rec(1, 2)])
+    clock.advance(1.5)
+    assert buf.sweep() == []
+    clock.advance(0.6)
+    assert len(buf.sweep()) == 1
+
+
+def test_rootless_trace_closes_after_its_own_timeout_and_max_age_caps_busy_trace() -> None:
+    buf, clock, _ = make(max_trace_age=20.0)
+    buf.offer([rec(1, 1)])
+    clock.advance(10)
+    (closed,) = buf.sweep()
+    assert closed.reason == "idle"
+    buf.offer([rec(2, 1, root=True)])
+    for i in range(21):  # a span every second: never idle
+        clock.advance(1)
+        buf.offer([rec(2, 100 + i)])
+        out = buf.sweep()
+        if out:
+            break
+    assert [c.reason for c in out] == ["max_age"]
+
+
+def test_duplicates_are_counted_not_buffered() -> None:
+    buf, _clock, acc = make()
+    adm = buf.offer([rec(1, 1, root=True), rec(1, 1, root=True)])
+    assert (adm.accepted, adm.duplicates) == (1, 1)
+    assert acc.rejected["duplicate"] == 1 and buf.buffered_spans == 1
+
+
+def test_full_buffer_takes_nothing_and_accepted_spans_still_close() -> None:
+    buf, clock, _ = make(max_buffered_spans=3)
+    assert buf.offer([rec(1, 1), rec(1, 2, root=True)]).accepted == 2
+    adm = buf.offer([rec(2, 1), rec(2, 2)])
+    assert adm.full and adm.accepted == 0 and buf.buffered_spans == 2
+    clock.advance(2)
+    (closed,) = buf.sweep()
+    assert len(closed.records) == 2
+    buf.settle_trace(closed)
+    assert buf.buffered_spans == 2  # still held until scored: scoring backlog also pushes back
+    buf.done(closed)
+    assert buf.offer([rec(2, 1), rec(2, 2)]).accepted == 2
+
+
+def test_trace_over_span_limit_closes_early_and_rest_is_rejected_limit() -> None:
+    buf, _clock, acc = make(max_spans_per_trace=3)
+    adm = buf.offer([rec(1, i) for i in range(5)])
+    assert (adm.accepted, adm.limit) == (3, 2)
+    (closed,) = buf.sweep()
+    assert closed.reason == "limit" and len(closed.records) == 3
+    buf.settle_trace(closed)
+    assert buf.offer([rec(1, 9)]).limit == 1
+    assert acc.rejected["limit"] == 3
+
+
+def test_late_span_counts_late_and_yields_one_coalesced_revision() -> None:
+    buf, clock, acc = make(late_span_window=30.0)
+    buf.offer([rec(1, 1), rec(1, 2, root=True)])
+    clock.advance(2)
+    (closed,) = buf.sweep()
+    buf.settle_trace(closed)
+    score(buf, acc, closed)
+    clock.advance(1)
+    assert buf.offer([rec(1, 3)]).late == 1
+    clock.advance(1)
+    assert buf.offer([rec(1, 4)]).late == 1
+    clock.advance(1.9)
+    assert buf.sweep() == []
+    clock.advance(0.2)
+    (revision,) = buf.sweep()
+    assert (revision.revision, revision.reason, revision.new_spans, len(revision.records)) == (
+        1,
+        "late_revision",
+        0,
+        4,
+    )
+    assert len(closed.records) == 2  # the first snapshot was not mutated
+    assert acc.late == 2 and acc.scored == 2
+
+
+def test_late_span_after_window_is_a_new_trace() -> None:
+    buf, clock, acc = make(late_span_window=5.0)
+    buf.offer([rec(1, 1, root=True)])
+    clock.advance(2)
+    (closed,) = buf.sweep()
+    buf.settle_trace(closed)
+    clock.advance(6)
+    buf.sweep()
+    assert buf.offer([rec(1, 2, root=True)]).accepted == 1
+    assert acc.late == 0
+
+
+def test_late_spans_beyond_retention_are_counted_without_revision() -> None:
+    buf, clock, acc = make(max_retained_spans=2)
+    buf.offer([rec(1, 1), rec(1, 2, root=True)])
+    clock.advance(2)
+    (closed,) = buf.sweep()
+    buf.settle_trace(closed)
+    assert buf.offer([rec(1, 3)]).late == 1
+    clock.advance(3)
+    assert buf.sweep() == []
+    assert acc.late == 1
+
+
+def test_traces_join_a_session_which_closes_when_idle() -> None:
+    buf, clock, acc = make(session_idle_timeout=10.0)
+    buf.offer([rec(1, 1, root=True)])
+    clock.advance(2)
+    (t1,) = buf.sweep()
+    assert buf.join_session(t1, "s1", "task") == []
+    clock.advance(1)
+    buf.offer([rec(2, 1, root=True)])
+    clock.advance(2)
+    (t2,) = buf.sweep()
+    buf.join_session(t2, "s1", "task")
+    assert buf.open_partitions() == {"trace": 0, "session": 1}
+    clock.advance(7.9)  # 9.9 s since the last span of trace 2
+    assert buf.sweep() == []
+    clock.advance(0.2)
+    (session,) = buf.sweep()
+    assert (session.partition_type, session.partition_id, session.task_key) == ("session", "s1", "task")
+    assert (len(session.records), session.new_spans, session.reason) == (2, 2, "idle")
+    score(buf, acc, session)
+    assert buf.buffered_spans == 0 and buf.idle()
+
+
+def test_span_for_trace_of_open_session_extends_session_not_late() -> None:
+    buf, clock, acc = make()
+    buf.offer([rec(1, 1, root=True)])
+    clock.advance(2)
+    (t1,) = buf.sweep()
+    buf.join_session(t1, "s1", None)
+    assert buf.offer([rec(1, 2)]).accepted == 1
+    clock.advance(5)
+    (session,) = buf.sweep()
+    assert len(session.records) == 2 and acc.late == 0
+
+
+def test_trace_for_closed_session_is_late_and_revises_session() -> None:
+    buf, clock, acc = make()
+    buf.offer([rec(1, 1, root=True)])
+    clock.advance(2)
+    (t1,) = buf.sweep()
+    buf.join_session(t1, "s1", "task")
+    clock.advance(5)
+    (session,) = buf.sweep()
+    score(buf, acc, session)
+    buf.offer([rec(2, 1), rec(2, 2, root=True)])
+    clock.advance(2)
+    (t2,) = buf.sweep()
+    assert buf.join_session(t2, "s1", "task") == []
+    assert acc.late == 2 and buf.buffered_spans == 0
+    clock.advance(2)
+    (revision,) = buf.sweep()
+    assert (revision.partition_type, revision.revision, len(revision.records)) == ("session", 1, 3)
+
+
+def test_session_over_trace_limit_closes_early() -> None:
+    buf, clock, _acc = make(max_traces_per_session=2)
+    for t in (1, 2):
+        buf.offer([rec(t, 1, root=True)])
+    clock.advance(2)
+    t1, t2 = buf.sweep()
+    assert buf.join_session(t1, "s", None) == []
+    (session,) = buf.join_session(t2, "s", None)
+    assert session.reason == "limit" and len(session.records) == 2
+
+
+def test_spans_arriving_while_trace_is_routed_are_kept() -> None:
+    buf, clock, acc = make()
+    buf.offer([rec(1, 1, root=True)])
+    clock.advance(2)
+    (t1,) = buf.sweep()
+    assert buf.offer([rec(1, 2)]).accepted == 1  # the worker has not routed it yet
+    buf.settle_trace(t1)
+    assert acc.late == 1 and buf.buffered_spans == 1
+    clock.advance(2)
+    (revision,) = buf.sweep()
+    assert len(revision.records) == 2
+
+
+def test_close_all_drains_traces_sessions_and_revisions() -> None:
+    buf, _clock, _acc = make()
+    buf.offer([rec(1, 1, root=True), rec(2, 1)])
+    out = buf.close_all()
+    assert sorted(c.reason for c in out) == ["shutdown", "shutdown"]
+    buf.join_session(out[0], "s", None)
+    buf.settle_trace(out[1])
+    (session,) = buf.close_all()
+    assert session.partition_type == "session" and session.reason == "shutdown"
+
+
+def test_routing_a_partition_twice_is_refused() -> None:
+    buf, clock, _ = make()
+    buf.offer([rec(1, 1, root=True)])
+    clock.advance(2)
+    (t1,) = buf.sweep()
+    buf.settle_trace(t1)
+    with pytest.raises(ValueError, match="not awaiting routing"):
+        buf.settle_trace(t1)
