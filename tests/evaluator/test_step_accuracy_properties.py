@@ -148,27 +148,37 @@ def test_identical_sequences_score_one(expected: list[Any], rng: random.Random) 
         assert step_accuracy(observed, expected, "strict_position")[0] == 1.0
 
 
+fan_out_token = st.one_of(
+    st.sampled_from(TOOL_NAMES).map(lambda n: (n, False)),
+    st.lists(st.sampled_from(["alpha", "beta", "gamma"]), min_size=1, max_size=4).map(lambda g: (g, True)),
+)
+
+
 @given(
-    st.lists(st.tuples(token, st.lists(any_step, max_size=2), st.booleans()), min_size=1, max_size=5),
+    st.lists(st.tuples(fan_out_token, st.lists(any_step, max_size=2), st.booleans()), min_size=1, max_size=5),
     st.randoms(use_true_random=False),
 )
 def test_permuting_the_steps_filling_a_group_never_changes_the_score(
-    plan: list[tuple[Any, list[Step], bool]], rng: random.Random
+    plan: list[tuple[tuple[Any, bool], list[Step], bool]], rng: random.Random
 ) -> None:
-    expected = [tok for tok, _, _ in plan]
-    blocks: list[list[Step]] = []
-    for tok, noise, keep_all in plan:
-        if isinstance(tok, list):
-            members = [Step(m, "TOOL") for m in (tok if keep_all else tok[1:])]
-            blocks.append(members)
+    """A fan-out's interleaving carries no signal: each group's own (possibly partial) fill may come
+    in any order. Member names are private to their group, as for real fan-out sub-steps."""
+    expected: list[Any] = []
+    blocks: list[tuple[bool, list[Step]]] = []
+    for index, ((tok, is_group), noise, complete) in enumerate(plan):
+        if is_group:
+            members = [f"g{index}_{m}" for m in tok]
+            expected.append(members)
+            blocks.append((True, [Step(m, "TOOL") for m in (members if complete else members[1:])]))
         else:
-            blocks.append([Step(tok, "TOOL")] if keep_all else [])
-        blocks.append(noise)
-    observed = [s for block in blocks for s in block]
+            expected.append(tok)
+            blocks.append((False, [Step(tok, "TOOL")] if complete else []))
+        blocks.append((False, noise))
+    observed = [s for _, block in blocks for s in block]
     reordered: list[Step] = []
-    for index, block in enumerate(blocks):
+    for is_fill, block in blocks:
         block = list(block)
-        if index % 2 == 0 and isinstance(expected[index // 2], list):
+        if is_fill:
             rng.shuffle(block)
         reordered.extend(block)
     assert step_accuracy(observed, expected)[0] == step_accuracy(reordered, expected)[0]
