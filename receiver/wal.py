@@ -1,0 +1,433 @@
+"""Write-ahead log for accepted spans, so a restart rebuilds the buffers instead of losing them.
+
+Appends come from the event loop and are group-committed: `append()` assigns the record's
+sequence number and segment at once, queues it, and one flusher task hands whole batches to a
+single writer thread (framing, CRC, write, fsync), so the loop never waits on the disk and every
+request in a batch shares one fsync. `append()` returns only once its record is written (and, with
+`fsync="always"`, synced): the receiver acknowledges after that.
+
+Segments are deleted by reference count. Every record's segment is held until the caller says,
+with `track(ref, keys)`, which buffered partitions (any hashable key: trace, session) the record
+fed; each key then holds each segment it has spans in, until `release(key)` once the partition
+is scored and its events handed to the exporters. A segment is deleted when it is not the active
+one and nothing holds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import time
+from collections.abc import Hashable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .wal_format import HEADER_SIZE, Damage, encode_frame, scan
+
+log = logging.getLogger(__name__)
+
+FsyncPolicy = Literal["always", "interval", "never"]
+_SEGMENT_NAME = re.compile(r"^(\d{20})\.wal$")
+_MIB = 1024 * 1024
+
+
+class WalConfig(BaseModel):
+    """Where the log lives, when it syncs, and how much disk it may use."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    directory: Path = Field(description="Directory of the segment files (created if missing).")
+    fsync: FsyncPolicy = Field(
+        default="interval",
+        description="always: fsync each group-commit batch before acknowledging it; interval: fsync "
+        "every fsync_interval_ms (an OS crash or power loss loses at most that window, a process "
+        "crash loses nothing); never: leave syncing to the OS.",
+    )
+    fsync_interval_ms: int = Field(default=100, ge=1, le=60_000)
+    segment_bytes: int = Field(default=64 * _MIB, ge=64 * 1024, description="Size cap of one segment file.")
+    max_bytes: int = Field(
+        default=2048 * _MIB, description="Disk bound of all segments; appends beyond it raise WalFull."
+    )
+
+    @model_validator(mode="after")
+    def _bound_holds_two_segments(self) -> WalConfig:
+        if self.max_bytes < 2 * self.segment_bytes:
+            raise ValueError(
+                f"wal.max_bytes ({self.max_bytes}) must be at least twice wal.segment_bytes "
+                f"({self.segment_bytes}): space is freed a whole segment at a time"
+            )
+        return self
+
+
+class WalFull(Exception):
+    """The log is at its disk bound: push back (like a full buffer) until partitions are released."""
+
+    def __init__(self, used: int, limit: int) -> None:
+        super().__init__(f"write-ahead log full: {used} of {limit} bytes in use")
+        self.used = used
+        self.limit = limit
+
+
+class WalClosed(Exception):
+    """append() after stop()."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordRef:
+    segment: int
+    seq: int
+
+
+@dataclass(slots=True)
+class _Segment:
+    id: int
+    size: int = 0
+    holds: int = 0
+    replayed: bool = True
+    """False for a segment found on disk until replay() has read it: never delete unread data."""
+
+
+class WalMetrics:
+    """The Durability gauges and counter of docs/metrics.md."""
+
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        self.bytes = Gauge("stepwatch_wal_bytes", "Bytes in write-ahead log segments.", registry=registry)
+        self.bytes_limit = Gauge(
+            "stepwatch_wal_bytes_limit", "Disk bound of the write-ahead log.", registry=registry
+        )
+        self.segments = Gauge("stepwatch_wal_segments", "Write-ahead log segment files.", registry=registry)
+        self.corrupt = Counter(
+            "stepwatch_wal_corrupt_records_total",
+            "Torn or corrupt write-ahead log records skipped on replay.",
+            registry=registry,
+        )
+
+
+class WriteAheadLog:
+    """Segmented, checksummed, group-committed log with reference-counted segment deletion.
+
+    Lifecycle: `replay()` (optional, before `start()`), `await start()`, `await append(...)` and
+    `track(...)` per accepted request, `release(key)` per emitted partition, `await stop()`.
+    """
+
+    def __init__(self, config: WalConfig, registry: CollectorRegistry | None = None) -> None:
+        self.config = config
+        self.metrics = WalMetrics(registry)
+        self.metrics.bytes_limit.set(config.max_bytes)
+        self._dir = config.directory
+        self._segments: dict[int, _Segment] = {}
+        self._keys: dict[Hashable, set[int]] = {}
+        self._bytes = 0
+        self._next_seq = 0
+        self._next_segment = 0
+        self._active: _Segment | None = None
+        self._discovered = False
+        self._pending: list[tuple[int, int, bytes]] = []
+        self._waiters: list[asyncio.Future[None]] = []
+        self._wake: asyncio.Event | None = None
+        self._flusher: asyncio.Task[None] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._closing = False
+        self._stopped = False
+        # writer-thread state
+        self._fd: int | None = None
+        self._fd_segment = -1
+        self._dirty = False
+        self._last_sync = 0.0
+
+    # -- state ------------------------------------------------------------------------------
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def segment_ids(self) -> list[int]:
+        return sorted(self._segments)
+
+    def _path(self, segment: int) -> Path:
+        return self._dir / f"{segment:020d}.wal"
+
+    def _discover(self) -> None:
+        if self._discovered:
+            return
+        self._discovered = True
+        self._dir.mkdir(parents=True, exist_ok=True)
+        for path in self._dir.iterdir():
+            match = _SEGMENT_NAME.match(path.name)
+            if match is None:
+                continue
+            size = path.stat().st_size
+            if size == 0:
+                path.unlink()
+                continue
+            segment = _Segment(int(match.group(1)), size=size, replayed=False)
+            self._segments[segment.id] = segment
+            self._next_segment = max(self._next_segment, segment.id + 1)
+            self._bytes += size
+        self._publish()
+
+    def _publish(self) -> None:
+        self.metrics.bytes.set(self._bytes)
+        self.metrics.segments.set(len(self._segments))
+
+    # -- replay -----------------------------------------------------------------------------
+
+    def replay(self) -> Iterator[tuple[RecordRef, bytes]]:
+        """Every valid record on disk in log order, skipping (and counting) torn or corrupt ones.
+
+        Each yielded record holds its segment like a fresh append: call `track(ref, keys)` for it.
+        Must run before `start()`; new appends then go to a new segment, never after a torn tail.
+        """
+        if self._flusher is not None:
+            raise RuntimeError("replay() must run before start()")
+        self._discover()
+        for segment_id in sorted(self._segments):
+            segment = self._segments[segment_id]
+            if segment.replayed:
+                continue
+            data = self._path(segment_id).read_bytes()
+            for item in scan(data):
+                if isinstance(item, Damage):
+                    self.metrics.corrupt.inc()
+                    log.warning(
+                        "write-ahead log %s: skipped %d unreadable bytes at offset %d (%s)",
+                        self._path(segment_id).name,
+                        item.length,
+                        item.offset,
+                        "torn tail" if item.torn else "corrupt record, resynchronised",
+                    )
+                    continue
+                self._next_seq = max(self._next_seq, item.seq + 1)
+                segment.holds += 1
+                yield RecordRef(segment_id, item.seq), item.payload
+            segment.replayed = True
+            if segment.holds == 0:
+                self._delete(segment)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open a fresh active segment and start the flusher; segments from disk stay until released."""
+        if self._flusher is not None:
+            return
+        self._discover()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stepwatch-wal")
+        self._wake = asyncio.Event()
+        self._last_sync = time.monotonic()
+        self._new_active()
+        self._flusher = asyncio.create_task(self._flush_loop(), name="stepwatch-wal-flusher")
+
+    async def stop(self) -> None:
+        """Write and sync everything queued, then close; idempotent and safe without start()."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._closing = True
+        if self._flusher is None or self._executor is None or self._wake is None:
+            return
+        self._wake.set()
+        await self._flusher
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._close_file, self.config.fsync != "never")
+        self._executor.shutdown(wait=True)
+
+    async def flush(self) -> None:
+        """Wait until everything queued so far (writes, segment deletions) has reached the disk."""
+        if self._executor is None or self._flusher is None:
+            return
+        while self._pending and not self._flusher.done():
+            await asyncio.sleep(0.001)
+        await asyncio.get_running_loop().run_in_executor(self._executor, _noop)
+
+    # -- append -----------------------------------------------------------------------------
+
+    async def append(self, payload: bytes) -> RecordRef:
+        """Log one record; returns once it is written (and synced under fsync="always").
+
+        Raises WalFull at the disk bound. The returned ref holds its segment until `track()`.
+        """
+        ref, done = self.append_nowait(payload)
+        try:
+            await done
+        except BaseException:
+            self._unhold(ref.segment)
+            raise
+        return ref
+
+    def append_nowait(self, payload: bytes) -> tuple[RecordRef, asyncio.Future[None]]:
+        """Queue a record without waiting: the future resolves when `append()` would return."""
+        if self._closing or self._wake is None or self._active is None:
+            raise WalClosed("write-ahead log is not running")
+        size = HEADER_SIZE + len(payload)
+        if self._bytes + size > self.config.max_bytes:
+            raise WalFull(self._bytes, self.config.max_bytes)
+        active = self._active
+        if active.size and active.size + size > self.config.segment_bytes:
+            active = self._new_active()
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        active.size += size
+        active.holds += 1
+        self._bytes += size
+        self._publish()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append((active.id, seq, payload))
+        self._waiters.append(done)
+        self._wake.set()
+        return RecordRef(active.id, seq), done
+
+    # -- references -------------------------------------------------------------------------
+
+    def track(self, ref: RecordRef, keys: Iterable[Hashable]) -> None:
+        """Say which partitions the record fed; its segment is then held by those keys only."""
+        segment_id = ref.segment
+        segment = self._segments.get(segment_id)
+        if segment is None:
+            raise KeyError(f"segment {segment_id} is not live (track() called twice?)")
+        for key in keys:
+            held = self._keys.get(key)
+            if held is None:
+                self._keys[key] = {segment_id}
+            elif segment_id not in held:
+                held.add(segment_id)
+            else:
+                continue
+            segment.holds += 1
+        self._unhold(segment_id)
+
+    def release(self, key: Hashable) -> None:
+        """The partition is scored and handed to the exporters (or dropped): its spans are no longer needed."""
+        for segment_id in self._keys.pop(key, ()):
+            self._unhold(segment_id)
+
+    def held_keys(self) -> int:
+        return len(self._keys)
+
+    def _unhold(self, segment_id: int) -> None:
+        segment = self._segments.get(segment_id)
+        if segment is None:
+            return
+        segment.holds -= 1
+        if segment.holds <= 0 and segment is not self._active and segment.replayed:
+            self._delete(segment)
+
+    def _new_active(self) -> _Segment:
+        previous = self._active
+        next_id = self._next_segment
+        self._next_segment += 1
+        self._active = _Segment(next_id)
+        self._segments[next_id] = self._active
+        if previous is not None and previous.holds <= 0:
+            self._delete(previous)
+        self._publish()
+        return self._active
+
+    def _delete(self, segment: _Segment) -> None:
+        del self._segments[segment.id]
+        self._bytes -= segment.size
+        self._publish()
+        path = self._path(segment.id)
+        if self._executor is not None:
+            self._executor.submit(self._unlink, path)
+        else:
+            self._unlink(path)
+
+    # -- writer thread ----------------------------------------------------------------------
+
+    async def _flush_loop(self) -> None:
+        assert self._wake is not None and self._executor is not None
+        loop = asyncio.get_running_loop()
+        interval = self.config.fsync_interval_ms / 1000
+        policy = self.config.fsync
+        while True:
+            if not self._pending:
+                if self._closing:
+                    return
+                timeout = None
+                if policy == "interval" and self._dirty:
+                    timeout = max(0.0, self._last_sync + interval - time.monotonic())
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+            batch, self._pending = self._pending, []
+            waiters, self._waiters = self._waiters, []
+            sync = policy == "always" or (
+                policy == "interval" and time.monotonic() - self._last_sync >= interval
+            )
+            if not batch and not (sync and self._dirty):
+                continue
+            try:
+                await loop.run_in_executor(self._executor, self._write_batch, batch, sync)
+            except OSError as exc:
+                log.error("write-ahead log write failed: %s", exc)
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_exception(exc)
+                continue
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    def _write_batch(self, batch: list[tuple[int, int, bytes]], sync: bool) -> None:
+        frames: list[bytes] = []
+        for segment_id, seq, payload in batch:
+            if segment_id != self._fd_segment:
+                if frames:
+                    self._write_all(frames)
+                    frames = []
+                self._close_file(self.config.fsync != "never")
+                self._open_file(segment_id)
+            frames.append(encode_frame(seq, payload))
+        if frames:
+            self._write_all(frames)
+        if sync and self._fd is not None and self._dirty:
+            os.fsync(self._fd)
+            self._dirty = False
+        if sync:
+            self._last_sync = time.monotonic()
+
+    def _write_all(self, frames: list[bytes]) -> None:
+        assert self._fd is not None
+        data = b"".join(frames) if len(frames) > 1 else frames[0]
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+        self._dirty = True
+
+    def _open_file(self, segment_id: int) -> None:
+        self._fd = os.open(self._path(segment_id), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd_segment = segment_id
+        if self.config.fsync != "never":
+            dir_fd = os.open(self._dir, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+
+    def _close_file(self, sync: bool) -> None:
+        if self._fd is None:
+            return
+        if sync and self._dirty:
+            os.fsync(self._fd)
+        self._dirty = False
+        os.close(self._fd)
+        self._fd = None
+        self._fd_segment = -1
+
+    def _unlink(self, path: Path) -> None:
+        if self._fd is not None and path == self._path(self._fd_segment):
+            self._close_file(sync=False)
+        path.unlink(missing_ok=True)
+
+
+def _noop() -> None:
+    return None

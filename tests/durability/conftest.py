@@ -1,0 +1,10 @@
+"""Durability test helpers: make the sibling helper modules importable (pytest runs with importlib mode)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
