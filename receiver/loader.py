@@ -55,12 +55,15 @@ def load_bytes(data: bytes, source: str = "<bytes>") -> LoadedFile:
     body = data.removeprefix(b"\xef\xbb\xbf").lstrip()
     if not body:
         raise LoadError(f"{source}: empty file")
-    try:
-        if body[:1] in (b"{", b"["):
+    if body[:1] in (b"{", b"["):
+        try:
             return _load_json(body, source)
+        except DecodeError as exc:
+            raise LoadError(f"{source}: {exc}") from None
+    try:
         result = decode_request_bytes(data)
     except DecodeError as exc:
-        raise LoadError(f"{source}: {exc}") from None
+        raise LoadError(f"{source}: not JSON, and {exc} (truncated or not a trace file?)") from None
     if result.total == 0:
         raise LoadError(f"{source}: not a trace file (neither JSON nor an OTLP protobuf request with spans)")
     return LoadedFile(source, "otlp_proto", result.spans, result.rejected)

@@ -1,0 +1,492 @@
+"""`stepwatch score`: score trace files (or a JSONL dataset of them) offline, through the same
+pipeline the streaming service uses.
+
+Exit codes: 0 every partition was scored (whatever the scores); 1 some partition or dataset row
+could not be scored (its record carries `error`); 2 bad input (unreadable/invalid trace file given
+on the command line, invalid --expected-steps or --rules, unreadable dataset file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+HELP = "Score trace files or a JSONL dataset offline (step accuracy, trajectory rules, statistics)."
+
+SCORING_METHODS = ("edit_distance", "strict_position")
+INTEGER_METRICS = frozenset({"trajectory.step_count", "trajectory.total_tokens"})
+SUMMARY_METRIC = "agent.step_accuracy"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "files",
+        nargs="*",
+        metavar="FILE",
+        help="trace files: OTLP protobuf or JSON, "
+        "native trajectory JSON, OpenInference span list (auto-detected)",
+    )
+    parser.add_argument(
+        "--dataset",
+        metavar="DATA.jsonl",
+        help="JSONL rows {id, trace, expected_steps, "
+        "[scoring_method], [rules]}; trace paths relative to the dataset file",
+    )
+    parser.add_argument(
+        "--expected-steps",
+        metavar="JSON",
+        help='expected steps, e.g. \'["search", '
+        '["fetch_a", "fetch_b"], "answer"]\' (a nested list is an unordered group)',
+    )
+    parser.add_argument("--scoring-method", choices=SCORING_METHODS, help="default: edit_distance")
+    parser.add_argument(
+        "--partition",
+        choices=("trace", "session"),
+        default="trace",
+        help="score each trace, or each session (its traces merged); default: trace",
+    )
+    parser.add_argument(
+        "--format",
+        choices=("table", "json"),
+        default="table",
+        dest="output_format",
+        help="table (default) or JSON lines, one object per scored partition",
+    )
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="show the alignment of expected vs observed steps per partition",
+    )
+    parser.add_argument("--rules", metavar="FILE", help="trajectory rules YAML (the spec's `scorers:` form)")
+
+
+@dataclass(slots=True)
+class Record:
+    """One output line: a scored partition, or an error for a partition/row."""
+
+    id: str
+    partition_type: str | None = None
+    partition_id: str | None = None
+    task_key: str | None = None
+    results: list[Any] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None or any(r.error is not None for r in self.results)
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id}
+        if self.partition_type is not None:
+            out["partition"] = {"type": self.partition_type, "id": self.partition_id}
+            out["task_key"] = self.task_key
+        if self.error is not None:
+            out["error"] = self.error
+        else:
+            out["results"] = [_result_json(r) for r in self.results]
+        return out
+
+
+def _result_json(result: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "metric": result.metric,
+        "score": result.score,
+        "passed": result.passed,
+        "metadata": result.metadata,
+    }
+    if result.threshold is not None:
+        out["threshold"] = result.threshold
+    if result.error is not None:
+        out["error"] = result.error
+    if result.not_scored is not None:
+        out["not_scored"] = result.not_scored
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One unit of input: a trace file with the expectation to score its partitions against."""
+
+    id: str | None
+    path: Path
+    expectation: Any
+
+
+def run(args: argparse.Namespace) -> int:
+    from stepwatch.cli import UsageError
+
+    if bool(args.files) == bool(args.dataset):
+        raise UsageError("give trace FILEs or --dataset DATA.jsonl (exactly one of the two)")
+    base_rules = _load_rules_file(Path(args.rules)) if args.rules else None
+    base_steps = _parse_steps_arg(args.expected_steps) if args.expected_steps is not None else None
+    out = sys.stdout
+    if args.dataset:
+        return _run_dataset(args, Path(args.dataset), base_steps, base_rules, out)
+    expectation = _expectation(base_steps, args.scoring_method, base_rules, args.partition)
+    if isinstance(expectation, str):
+        raise UsageError(f"--expected-steps: {expectation}")
+    loaded = [_load_or_usage_error(path) for path in args.files]
+    records: list[Record] = []
+    explains: dict[int, list[str]] = {}
+    for path, spans in zip(args.files, loaded, strict=True):
+        for record, lines in _score_spans(None, path, spans, expectation, args):
+            explains[len(records)] = lines
+            records.append(record)
+            if args.output_format == "json":
+                _emit_json(record, out)
+    if args.output_format == "table":
+        _print_table(records, explains if args.explain else {}, out)
+    return 1 if any(record.failed for record in records) else 0
+
+
+def _run_dataset(
+    args: argparse.Namespace, dataset: Path, base_steps: Any, base_rules: Any, out: TextIO
+) -> int:
+    from stepwatch.cli import UsageError
+
+    try:
+        lines = dataset.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise UsageError(f"{dataset}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{dataset}: cannot read dataset ({exc})") from None
+    rows = [(number, line) for number, line in enumerate(lines, start=1) if line.strip()]
+    if not rows:
+        raise UsageError(f"{dataset}: the dataset has no rows")
+    progress = sys.stderr.isatty() and len(rows) > 1
+    records: list[Record] = []
+    explains: dict[int, list[str]] = {}
+    for done, (number, line) in enumerate(rows, start=1):
+        job = _dataset_job(dataset, number, line, base_steps, base_rules, args)
+        if isinstance(job, Record):
+            produced = [(job, [])]
+        else:
+            spans = _load_or_error(job.path)
+            if isinstance(spans, str):
+                produced = [(Record(id=job.id or "", error=spans), [])]
+            else:
+                produced = list(_score_spans(job.id, str(job.path), spans, job.expectation, args))
+        for record, explain in produced:
+            explains[len(records)] = explain
+            records.append(record)
+            if args.output_format == "json":
+                _emit_json(record, out)
+        if progress:
+            print(f"\rscored {done}/{len(rows)} rows", end="", file=sys.stderr, flush=True)
+    if progress:
+        print(file=sys.stderr)
+    if args.output_format == "table":
+        _print_table(records, explains if args.explain else {}, out)
+    return 1 if any(record.failed for record in records) else 0
+
+
+def _dataset_job(
+    dataset: Path, number: int, line: str, base_steps: Any, base_rules: Any, args: argparse.Namespace
+) -> Job | Record:
+    where = f"{dataset}:{number}"
+    try:
+        row = json.loads(line)
+    except ValueError as exc:
+        return Record(id=where, error=f"{where}: invalid JSON: {exc}")
+    if not isinstance(row, dict):
+        return Record(id=where, error=f"{where}: a dataset row must be a JSON object")
+    row_id = str(row["id"]) if row.get("id") not in (None, "") else where
+    trace = row.get("trace")
+    if not isinstance(trace, str) or not trace:
+        return Record(id=row_id, error=f"{where}: `trace` must be a path to a trace file")
+    steps = base_steps
+    if "expected_steps" in row:
+        steps = _row_steps(row["expected_steps"])
+        if isinstance(steps, str):
+            return Record(id=row_id, error=f"{where}: expected_steps: {steps}")
+    method = row.get("scoring_method", args.scoring_method)
+    if method is not None and method not in SCORING_METHODS:
+        return Record(id=row_id, error=f"{where}: scoring_method must be one of {', '.join(SCORING_METHODS)}")
+    rules = base_rules
+    if row.get("rules") is not None:
+        rules = _row_rules(row["rules"], dataset.parent)
+        if isinstance(rules, str):
+            return Record(id=row_id, error=f"{where}: rules: {rules}")
+    expectation = _expectation(steps, method, rules, args.partition)
+    if isinstance(expectation, str):
+        return Record(id=row_id, error=f"{where}: {expectation}")
+    return Job(id=row_id, path=dataset.parent / trace, expectation=expectation)
+
+
+def _row_steps(raw: Any) -> Any:
+    from stepwatch.evaluator.pipeline import parse_expected_steps, validate_expected_steps_value
+
+    try:
+        return parse_expected_steps(raw) if isinstance(raw, str) else validate_expected_steps_value(raw)
+    except ValueError as exc:
+        return str(exc)
+
+
+def _row_rules(raw: Any, base: Path) -> Any:
+    from stepwatch.cli import UsageError
+
+    if isinstance(raw, str):
+        try:
+            return _load_rules_file(base / raw)
+        except UsageError as exc:
+            return str(exc)
+    problem = _validate_rules(raw)
+    return problem if problem is not None else raw
+
+
+def _parse_steps_arg(text: str) -> Any:
+    from stepwatch.cli import UsageError
+    from stepwatch.evaluator.pipeline import parse_expected_steps
+
+    try:
+        return parse_expected_steps(text)
+    except ValueError as exc:
+        raise UsageError(f"--expected-steps: {exc}") from None
+
+
+def _validate_rules(raw: Any) -> str | None:
+    from pydantic import TypeAdapter, ValidationError
+
+    from stepwatch.evaluator.expectation import RuleSpec
+
+    if not isinstance(raw, list):
+        return "rules must be a list"
+    try:
+        TypeAdapter(list[RuleSpec]).validate_python(raw)
+    except ValidationError as exc:
+        return _first_error(exc)
+    return None
+
+
+def _load_rules_file(path: Path) -> list[Any]:
+    """Rules from YAML: `scorers: [{type: trajectory, rules: [...]}]`, or `rules: [...]`, or a list."""
+    import yaml
+
+    from stepwatch.cli import UsageError
+
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: cannot read rules file ({exc})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise UsageError(f"{path}: invalid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
+    if isinstance(document, dict) and "scorers" in document:
+        scorers = document["scorers"]
+        if not isinstance(scorers, list):
+            raise UsageError(f"{path}: `scorers` must be a list")
+        rules: list[Any] = []
+        for entry in scorers:
+            if isinstance(entry, dict) and entry.get("type") == "trajectory":
+                rules.extend(entry.get("rules") or [])
+        if not rules:
+            raise UsageError(f"{path}: no `type: trajectory` scorer with rules under `scorers`")
+    elif isinstance(document, dict) and "rules" in document:
+        rules = document["rules"]
+    elif isinstance(document, list):
+        rules = document
+    else:
+        raise UsageError(f"{path}: expected `scorers: [{{type: trajectory, rules: [...]}}]`")
+    problem = _validate_rules(rules)
+    if problem is not None:
+        raise UsageError(f"{path}: invalid rules: {problem}")
+    return rules
+
+
+def _expectation(steps: Any, method: str | None, rules: Any, partition: str) -> Any:
+    """An Expectation, or a one-line string saying why the inputs do not make one."""
+    from pydantic import ValidationError
+
+    from stepwatch.evaluator.expectation import Expectation
+
+    try:
+        return Expectation(
+            partition=partition,
+            expected_steps=steps,
+            scoring_method=method or "edit_distance",
+            rules=rules or [],
+        )
+    except ValidationError as exc:
+        return _first_error(exc)
+
+
+def _first_error(exc: Any) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"])
+    message = str(error["msg"]).removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message
+
+
+def _load_or_usage_error(path: str) -> Any:
+    from stepwatch.cli import UsageError
+
+    spans = _load_or_error(Path(path), label=path)
+    if isinstance(spans, str):
+        raise UsageError(spans)
+    return spans
+
+
+def _load_or_error(path: Path, label: str | None = None) -> Any:
+    """The file's spans, or the one-line load error. Rejected spans are reported on stderr."""
+    from stepwatch.receiver.loader import LoadError, load_file
+
+    try:
+        loaded = load_file(path)
+    except LoadError as exc:
+        return str(exc) if label is None else str(exc).replace(str(path), label, 1)
+    if loaded.rejected:
+        reasons = sorted({r.reason for r in loaded.rejected})
+        print(
+            f"stepwatch score: warning: {label or path}: {len(loaded.rejected)} span(s) rejected "
+            f"({', '.join(reasons)}); first: {loaded.rejected[0].detail}",
+            file=sys.stderr,
+        )
+    if not loaded.spans:
+        return f"{label or path}: no valid spans to score"
+    return loaded.spans
+
+
+def _score_spans(
+    row_id: str | None, label: str, spans: Any, expectation: Any, args: argparse.Namespace
+) -> Any:
+    """(Record, explain lines) per partition of `spans`."""
+    from stepwatch.evaluator.partitioning import partition_sessions, partition_traces
+    from stepwatch.evaluator.pipeline import score_partition
+    from stepwatch.evaluator.scorers.registry import ScorerRegistry
+
+    if args.partition == "session":
+        partitions = partition_sessions(spans, include_sessionless=True)
+    else:
+        partitions = partition_traces(spans)
+    registry = ScorerRegistry.builtin()
+    for partition in partitions:
+        record = Record(
+            id=row_id if row_id is not None else f"{label}#{partition.id}",
+            partition_type=partition.type,
+            partition_id=partition.id,
+            task_key=partition.task_key,
+        )
+        try:
+            scorers = registry.scorers_for(expectation)
+            inp, record.results = score_partition(partition, expectation, scorers)
+        except Exception as exc:  # one partition's failure must not stop the others
+            record.error = f"{type(exc).__name__}: {exc}"
+            yield record, []
+            continue
+        yield record, _explain_lines(record.results, inp.steps)
+
+
+def _explain_lines(results: list[Any], steps: list[Any]) -> list[str]:
+    for result in results:
+        if result.metric != SUMMARY_METRIC:
+            continue
+        if result.error is not None:
+            return [f"  step accuracy error: {result.error}"]
+        entries = result.metadata.get("steps") or []
+        rows = [("#", "op", "expected", "observed", "group")]
+        for number, entry in enumerate(entries, start=1):
+            group = entry.get("group")
+            rows.append(
+                (
+                    str(number),
+                    entry.get("op", ""),
+                    entry.get("expected") or "-",
+                    entry.get("actual") or "-",
+                    f"[{group}]" if group is not None else "",
+                )
+            )
+        lines = [f"  alignment ({result.metadata.get('scoring_method', '')}):"]
+        lines.extend("    " + line for line in _columns(rows))
+        ignored = result.metadata.get("ignored_steps")
+        if ignored:
+            lines.append(f"    ignored: {', '.join(ignored)}")
+        return lines
+    observed = ", ".join(step.name for step in steps) or "(none)"
+    return [f"  no expected steps resolved; observed steps: {observed}"]
+
+
+def _emit_json(record: Record, out: TextIO) -> None:
+    out.write(json.dumps(record.as_json(), default=str) + "\n")
+    out.flush()
+
+
+def _format_score(metric: str, result: Any) -> str:
+    if result.error is not None:
+        return "error"
+    if result.score is None:
+        return "n/a"
+    if metric in INTEGER_METRICS:
+        return str(int(result.score))
+    return f"{result.score:.3f}"
+
+
+def _format_pass(result: Any) -> str:
+    if result.error is not None or result.passed is None:
+        return "-"
+    return "pass" if result.passed else "FAIL"
+
+
+def _columns(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
+
+
+def _print_table(records: list[Record], explains: dict[int, list[str]], out: TextIO) -> None:
+    header = ("ID", "PARTITION", "TASK", "METRIC", "SCORE", "PASS")
+    rows: list[tuple[str, ...]] = [header]
+    owners: list[int] = [-1]
+    for index, record in enumerate(records):
+        partition = f"{record.partition_type} {record.partition_id}" if record.partition_type else "-"
+        if record.error is not None:
+            rows.append((record.id, partition, record.task_key or "-", "error", record.error, "-"))
+            owners.append(index)
+            continue
+        for position, result in enumerate(record.results):
+            first = position == 0
+            rows.append(
+                (
+                    record.id if first else "",
+                    partition if first else "",
+                    (record.task_key or "-") if first else "",
+                    result.metric,
+                    _format_score(result.metric, result),
+                    _format_pass(result),
+                )
+            )
+            owners.append(index)
+    lines = _columns(rows)
+    previous = -1
+    for line, owner in zip(lines, owners, strict=True):
+        if owner != previous and previous >= 0 and explains.get(previous):
+            out.write("\n".join(explains[previous]) + "\n")
+        out.write(line + "\n")
+        previous = owner
+    if previous >= 0 and explains.get(previous):
+        out.write("\n".join(explains[previous]) + "\n")
+    out.write(_summary(records) + "\n")
+
+
+def _summary(records: list[Record]) -> str:
+    errors = sum(record.failed for record in records)
+    scored = [
+        result
+        for record in records
+        for result in record.results
+        if result.metric == SUMMARY_METRIC and result.score is not None
+    ]
+    text = f"{len(records)} partition(s), {errors} with errors"
+    if scored:
+        mean = sum(result.score for result in scored) / len(scored)
+        passed = sum(bool(result.passed) for result in scored)
+        text += (
+            f"; {SUMMARY_METRIC}: {len(scored)} scored, mean {mean:.3f}, "
+            f"pass rate {passed}/{len(scored)} ({100 * passed / len(scored):.0f}%)"
+        )
+    return text
