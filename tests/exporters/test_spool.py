@@ -1,0 +1,132 @@
+"""The on-disk spool: FIFO order, bounds, restart recovery, torn writes and locking."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stepwatch.exporters.spool import Spool, SpoolLockedError, fsync_and_close
+
+
+def make(tmp_path: Path, **kw: object) -> Spool:
+    options: dict[str, object] = {"max_bytes": 1 << 20, "segment_bytes": 256, "fsync": "never"}
+    options.update(kw)
+    spool = Spool(tmp_path / "spool", **options)  # type: ignore[arg-type]
+    spool.open()
+    return spool
+
+
+def records(n: int, start: int = 0) -> list[bytes]:
+    return [f"record-{i:05d}".encode() for i in range(start, start + n)]
+
+
+def drain(spool: Spool, batch: int = 7) -> list[bytes]:
+    out: list[bytes] = []
+    while True:
+        got = spool.peek(batch)
+        if not got:
+            return out
+        out.extend(got)
+        spool.commit(len(got))
+
+
+def test_fifo_across_segments_and_disk_freed_when_empty(tmp_path: Path) -> None:
+    spool = make(tmp_path)
+    assert spool.append(records(100)) == 100
+    assert len(list((tmp_path / "spool").glob("*.seg"))) > 3  # small segments forced rolls
+    assert spool.pending == 100
+    assert drain(spool) == records(100)
+    assert spool.pending == 0
+    assert spool.bytes == 0
+    assert len(list((tmp_path / "spool").glob("*.seg"))) == 1
+    spool.close()
+
+
+def test_peek_without_commit_redelivers(tmp_path: Path) -> None:
+    spool = make(tmp_path)
+    spool.append(records(10))
+    assert spool.peek(4) == records(4)
+    spool.commit(2)
+    assert spool.peek(4) == records(4, start=2)
+    with pytest.raises(ValueError):
+        spool.commit(5)
+    spool.close()
+
+
+def test_survives_restart_with_partial_commit(tmp_path: Path) -> None:
+    spool = make(tmp_path)
+    spool.append(records(50))
+    got = spool.peek(20)
+    spool.commit(len(got))
+    spool.close()
+
+    reopened = make(tmp_path)
+    assert reopened.pending == 30
+    reopened.append(records(5, start=50))
+    assert drain(reopened) == records(35, start=20)
+    reopened.close()
+
+
+def test_byte_bound_rejects_the_excess_and_frees_space_after_commit(tmp_path: Path) -> None:
+    spool = make(tmp_path, max_bytes=4096, segment_bytes=1024)
+    big = [b"x" * 500 for _ in range(20)]
+    accepted = spool.append(big)
+    assert 0 < accepted < 20
+    assert spool.bytes <= 4096
+    assert spool.append([b"y" * 500]) == 0
+    spool.peek(accepted)
+    spool.commit(accepted)
+    assert spool.append([b"y" * 500]) == 1
+    spool.close()
+
+
+def test_torn_tail_write_is_truncated_and_counted(tmp_path: Path) -> None:
+    spool = make(tmp_path, segment_bytes=1 << 20)
+    spool.append(records(10))
+    spool.close()
+    segment = next((tmp_path / "spool").glob("*.seg"))
+    with open(segment, "ab") as f:
+        f.write(b"\x00\x00\x01\x00garbage")  # a header promising 256 bytes, then a crash
+    reopened = make(tmp_path, segment_bytes=1 << 20)
+    assert reopened.corrupt_records == 1
+    assert reopened.pending == 10
+    reopened.append(records(1, start=10))
+    assert drain(reopened) == records(11)
+    reopened.close()
+
+
+def test_flipped_bit_fails_the_crc(tmp_path: Path) -> None:
+    spool = make(tmp_path, segment_bytes=1 << 20)
+    spool.append(records(10))
+    spool.close()
+    segment = next((tmp_path / "spool").glob("*.seg"))
+    data = bytearray(segment.read_bytes())
+    data[len(data) - 3] ^= 0x01  # inside the last record's payload
+    segment.write_bytes(bytes(data))
+    reopened = make(tmp_path, segment_bytes=1 << 20)
+    assert reopened.corrupt_records == 1
+    assert drain(reopened) == records(9)
+    reopened.close()
+
+
+def test_second_owner_is_refused(tmp_path: Path) -> None:
+    spool = make(tmp_path)
+    with pytest.raises(SpoolLockedError):
+        make(tmp_path)
+    spool.close()
+    make(tmp_path).close()
+
+
+def test_fsync_interval_hands_out_a_descriptor_only_when_due(tmp_path: Path) -> None:
+    now = [0.0]
+    spool = make(tmp_path, fsync="interval", fsync_interval_seconds=1.0, clock=lambda: now[0])
+    assert spool.fsync_target() is None  # nothing written
+    spool.append(records(1))
+    assert spool.fsync_target() is None  # not due yet
+    now[0] = 1.5
+    fd = spool.fsync_target()
+    assert fd is not None
+    fsync_and_close(fd)
+    assert spool.fsync_target() is None  # clean again
+    spool.close()
