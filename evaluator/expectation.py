@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .judge.settings import JudgeSettings
 from .rules import MaxSteps, MustCall, MustNotCall
 
 ExpectedStep = str | list[str]
@@ -54,6 +55,14 @@ class Expectation(BaseModel):
     )
     rules: list[RuleSpec] = Field(default_factory=list, description="Trajectory assertion rules.")
     expected_plan: str | None = Field(default=None, description="Free-text plan for plan_adherence.")
+    expected_trajectory: list[str] | None = Field(
+        default=None,
+        description='Expected steps as outcomes ("issue refund") for trajectory_steps; '
+        "default: expected_steps flattened.",
+    )
+    judge: JudgeSettings | None = Field(
+        default=None, description="Judge scorers: which run, sampling_rate, daily_budget (requests, usd)."
+    )
     ignore_steps: list[str] = Field(
         default_factory=list,
         description="Observed step names dropped before step scoring (e.g. LangGraph's `agent` node).",
@@ -71,5 +80,7 @@ class Expectation(BaseModel):
     @property
     def version(self) -> str:
         """A short content hash, carried by score events so consumers know which expectation scored."""
-        canonical = json.dumps(self.model_dump(mode="json", by_alias=True), sort_keys=True, separators=(",", ":"))
+        canonical = json.dumps(
+            self.model_dump(mode="json", by_alias=True), sort_keys=True, separators=(",", ":")
+        )
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]

@@ -1,0 +1,31 @@
+"""A bounded LRU of judge answers keyed by (model, prompt hash): a re-scored revision of a
+partition asks the same questions, and must not pay for them twice."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class JudgeCache:
+    """Answers by key; evicts the least recently used entry beyond `max_entries`."""
+
+    def __init__(self, max_entries: int = 10_000) -> None:
+        if max_entries < 1:
+            raise ValueError("max_entries must be at least 1")
+        self._max = max_entries
+        self._entries: OrderedDict[str, float] = OrderedDict()
+
+    def get(self, key: str) -> float | None:
+        value = self._entries.get(key)
+        if value is not None:
+            self._entries.move_to_end(key)
+        return value
+
+    def put(self, key: str, probability: float) -> None:
+        self._entries[key] = probability
+        self._entries.move_to_end(key)
+        while len(self._entries) > self._max:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)

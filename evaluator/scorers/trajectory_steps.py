@@ -1,0 +1,176 @@
+"""trajectory_steps (trajectory-steps.txt): one judge probability per expected step ("did the
+trajectory accomplish it, allowing different wording?") plus one order question.
+
+score = (performed / K) × (0.7 + 0.3 × p(order)), performed = Σ p(step i performed).
+The sum of probabilities (not the count of p >= 0.5) is the reading that reproduces the spec's
+worked example: 0.98, 0.96, 0.05 and order 0.97 give 1.99/3 × 0.991 = 0.657, shown as 0.65
+(the count reading gives 2/3 × 0.991 = 0.661, which no rounding of the shown figures brings to 0.65).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..judge.base import JudgeBatch, Question
+from ..judge.render import render_items, render_step
+from ..judge.runner import JudgeRunner
+from ..results import ScoreResult
+from .base import ScoringInput
+
+METRIC = "trajectory_steps"
+DEFAULT_THRESHOLD = 0.5
+ORDER_WEIGHT = 0.3
+
+
+def step_question(index: int) -> Question:
+    return Question(
+        id=f"s{index}",
+        kind="accomplishes",
+        text=(
+            "The agent's `trajectory` includes a step that accomplishes "
+            f"`expected_trajectory[{index}]`, allowing different wording."
+        ),
+        refs=("trajectory", "expected_trajectory"),
+        args={"target": "expected_trajectory", "index": index},
+    )
+
+
+ORDER_QUESTION = Question(
+    id="order",
+    kind="order",
+    text="The steps in `trajectory` occur in the same order as the corresponding steps in `expected_trajectory`.",
+    refs=("trajectory", "expected_trajectory"),
+    args={"target": "expected_trajectory"},
+)
+
+
+def _flatten(steps: list[Any]) -> list[str]:
+    out: list[str] = []
+    for step in steps:
+        out.extend(step if isinstance(step, list) else [step])
+    return out
+
+
+def resolve_expected(inp: ScoringInput) -> list[str] | str | None:
+    """Expected outcomes: extras, else expectation.expected_trajectory, else expected_steps flattened.
+    A string is an error message (a malformed inline field)."""
+    if "expected_trajectory" in inp.extras:
+        rendered = render_items(inp.extras["expected_trajectory"])
+        if not rendered:
+            return "expected_trajectory must be a non-empty list of strings or steps"
+        return rendered
+    if inp.expectation is not None and inp.expectation.expected_trajectory:
+        return list(inp.expectation.expected_trajectory)
+    if inp.expected_steps:
+        return _flatten(list(inp.expected_steps))
+    return None
+
+
+def resolve_trajectory(inp: ScoringInput) -> list[str] | str:
+    """The performed steps: extras["trajectory"] (strings or step objects), else the partition's."""
+    if "trajectory" in inp.extras:
+        rendered = render_items(inp.extras["trajectory"])
+        return "trajectory must be a list of strings or steps" if rendered is None else rendered
+    return [render_step(step) for step in inp.steps]
+
+
+def combine(step_probabilities: list[float], p_order: float) -> float:
+    """The spec's closed form."""
+    performed = sum(step_probabilities)
+    return performed / len(step_probabilities) * ((1 - ORDER_WEIGHT) + ORDER_WEIGHT * p_order)
+
+
+class TrajectoryStepsScorer:
+    """AsyncScorer `trajectory_steps`; `runner` holds the judge and its governor."""
+
+    name = METRIC
+
+    def __init__(self, runner: JudgeRunner | None = None, threshold: float | None = None) -> None:
+        self.runner = runner or JudgeRunner()
+        self.threshold = threshold
+
+    def applicable(self, inp: ScoringInput) -> bool:
+        settings = inp.expectation.judge if inp.expectation else None
+        if settings is not None and settings.scorers is not None and METRIC not in settings.scorers:
+            return False
+        return resolve_expected(inp) is not None
+
+    def _threshold(self, inp: ScoringInput) -> float:
+        if self.threshold is not None:
+            return self.threshold
+        if inp.expectation is not None:
+            return inp.expectation.thresholds.get(METRIC, DEFAULT_THRESHOLD)
+        return DEFAULT_THRESHOLD
+
+    async def score(self, inp: ScoringInput) -> ScoreResult:
+        expected = resolve_expected(inp)
+        if expected is None:
+            return ScoreResult(
+                metric=METRIC, error="no expected_trajectory (nor expected_steps) to judge against"
+            )
+        if isinstance(expected, str):
+            return ScoreResult(metric=METRIC, error=expected)
+        trajectory = resolve_trajectory(inp)
+        if isinstance(trajectory, str):
+            return ScoreResult(metric=METRIC, error=trajectory)
+        threshold = self._threshold(inp)
+        if not trajectory:
+            return self._result(
+                [0.0] * len(expected), 0.5, expected, trajectory, threshold, "empty trajectory"
+            )
+        state: dict[str, Any] = {"trajectory": trajectory, "expected_trajectory": expected}
+        if isinstance(inp.extras.get("input"), str):
+            state["input"] = inp.extras["input"]
+        questions = [step_question(i) for i in range(len(expected))] + [ORDER_QUESTION]
+        answers = await self.runner.ask(
+            METRIC,
+            JudgeBatch(state=state, questions=questions),
+            task_key=inp.partition.task_key,
+            partition_id=inp.partition.id,
+            settings=inp.expectation.judge if inp.expectation else None,
+        )
+        if isinstance(answers, ScoreResult):
+            return answers
+        return self._result(answers[:-1], answers[-1], expected, trajectory, threshold, None)
+
+    def _result(
+        self,
+        probabilities: list[float],
+        p_order: float,
+        expected: list[str],
+        trajectory: list[str],
+        threshold: float,
+        note: str | None,
+    ) -> ScoreResult:
+        score = combine(probabilities, p_order)
+        details = [
+            {"index": i, "step": step, "probability": round(p, 4), "performed": p >= 0.5}
+            for i, (step, p) in enumerate(zip(expected, probabilities, strict=True))
+        ]
+        missing = [row["step"] for row in details if not row["performed"]]
+        performed_count = len(expected) - len(missing)
+        explanation = f"{performed_count}/{len(expected)} steps · order {p_order:.0%} → score {score:.2f}"
+        if missing:
+            explanation += " · " + ", ".join(f"“{step}”" for step in missing) + " missing"
+        if note:
+            explanation += f" · {note}"
+        return ScoreResult(
+            metric=METRIC,
+            score=round(score, 4),
+            passed=score >= threshold,
+            threshold=threshold,
+            label=f"{round(score * 100)}% yes",
+            explanation=explanation,
+            metadata={
+                "confidence": round(abs(score - 0.5) * 2, 4),
+                "probabilities": {"yes": round(score, 4), "no": round(1 - score, 4)},
+                "p_order": round(p_order, 4),
+                "performed": round(sum(probabilities), 4),
+                "performed_count": performed_count,
+                "expected_count": len(expected),
+                "details": details,
+                "missing_steps": missing,
+                "trajectory": trajectory,
+                "judge": self.runner.judge.backend,
+            },
+        )
