@@ -324,3 +324,10 @@ def test_annotation_group_under_strict_position_is_an_error_result() -> None:
     assert result.score is None
     assert result.outcome == "error"
     assert "strict_position" in (result.error or "")
+
+
+def test_alignment_beyond_the_memory_budget_is_refused_not_allocated() -> None:
+    with pytest.raises(StepAccuracyError, match="exceed the alignment budget"):
+        step_accuracy(tools(*["a"] * 5000), ["a"] * 5000)
+    result = StepAccuracyScorer().score(scoring_input(tools(*["a"] * 5000), ["a"] * 5000))
+    assert result.outcome == "error"
