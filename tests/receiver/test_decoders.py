@@ -319,5 +319,5 @@ def test_loader_errors_name_the_file(data: bytes, message: str) -> None:
 
 def test_loader_truncated_protobuf() -> None:
     proto = _request(_rich_span(), _rich_span()).SerializeToString()
-    with pytest.raises(LoadError, match="t.pb: not JSON, and not a valid OTLP protobuf"):
+    with pytest.raises(LoadError, match=r"t\.pb: not JSON, and not a valid OTLP protobuf"):
         load_bytes(proto[:-7], "t.pb")

@@ -1,0 +1,157 @@
+"""The shared scoring path: expected-steps resolution, scorer isolation, registry, statistics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stepwatch.evaluator.expectation import Expectation
+from stepwatch.evaluator.model import Span
+from stepwatch.evaluator.partitioning import build_partition
+from stepwatch.evaluator.pipeline import build_scoring_input, run_async_scorers, run_sync_scorers
+from stepwatch.evaluator.results import ScoreResult
+from stepwatch.evaluator.scorers.base import ScoringInput
+from stepwatch.evaluator.scorers.registry import (
+    ScorerEntry,
+    ScorerRegistry,
+    UnknownScorerError,
+    default_scorers,
+)
+
+TRACE = "ef" * 16
+
+
+def _partition(root_attributes: dict[str, Any] | None = None):
+    tool = {"openinference.span.kind": "TOOL", "llm.token_count.prompt": 7}
+    return build_partition(
+        "trace",
+        TRACE,
+        [
+            Span(
+                trace_id=TRACE,
+                span_id="1" * 16,
+                name="root",
+                start_time_unix_nano=1_000_000_000,
+                end_time_unix_nano=3_500_000_000,
+                attributes=root_attributes or {},
+            ),
+            Span(
+                trace_id=TRACE,
+                span_id="2" * 16,
+                parent_span_id="1" * 16,
+                name="search",
+                start_time_unix_nano=2_000_000_000,
+                attributes=tool,
+            ),
+            Span(
+                trace_id=TRACE,
+                span_id="3" * 16,
+                parent_span_id="1" * 16,
+                name="answer",
+                start_time_unix_nano=3_000_000_000,
+                attributes={**tool, "llm.token_count.completion": 3},
+            ),
+        ],
+    )
+
+
+def _by_metric(results: list[ScoreResult]) -> dict[str, ScoreResult]:
+    return {r.metric: r for r in results}
+
+
+def test_annotation_takes_precedence_over_expectation() -> None:
+    expectation = Expectation(expected_steps=["other"])
+    inp = build_scoring_input(_partition({"aip.eval.expected_steps": '["search", "answer"]'}), expectation)
+    assert inp.expected_steps == ["search", "answer"]
+    results = _by_metric(run_sync_scorers(inp, default_scorers(expectation)))
+    assert results["agent.step_accuracy"].score == 1.0
+
+
+def test_invalid_annotation_is_an_error_result_and_other_scorers_still_run() -> None:
+    expectation = Expectation(expected_steps=["search"])
+    inp = build_scoring_input(_partition({"aip.eval.expected_steps": "[not json"}), expectation)
+    results = _by_metric(run_sync_scorers(inp, default_scorers(expectation)))
+    assert "not valid JSON" in results["agent.step_accuracy"].error
+    assert results["agent.step_accuracy"].outcome == "error"
+    assert results["trajectory.step_count"].score == 2
+
+
+def test_annotation_group_under_strict_position_is_an_error_result() -> None:
+    expectation = Expectation(scoring_method="strict_position")
+    inp = build_scoring_input(_partition({"aip.eval.expected_steps": '[["search", "answer"]]'}), expectation)
+    (result,) = [
+        r for r in run_sync_scorers(inp, default_scorers(expectation)) if r.metric == "agent.step_accuracy"
+    ]
+    assert result.error is not None and "strict_position" in result.error
+
+
+def test_scoring_method_override_wins() -> None:
+    expectation = Expectation(expected_steps=["extra", "search", "answer"])
+    inp = build_scoring_input(_partition(), expectation, scoring_method_override="strict_position")
+    assert inp.scoring_method == "strict_position"
+
+
+def test_no_expected_steps_skips_step_accuracy() -> None:
+    inp = build_scoring_input(_partition(), None)
+    metrics = [r.metric for r in run_sync_scorers(inp, default_scorers(None))]
+    assert metrics == ["trajectory.step_count", "trajectory.latency_seconds", "trajectory.total_tokens"]
+
+
+def test_statistics_values_and_maximum_thresholds() -> None:
+    expectation = Expectation(thresholds={"trajectory.step_count": 1, "trajectory.latency_seconds": 5})
+    results = _by_metric(
+        run_sync_scorers(build_scoring_input(_partition(), expectation), default_scorers(expectation))
+    )
+    assert (results["trajectory.step_count"].score, results["trajectory.step_count"].passed) == (2, False)
+    assert (results["trajectory.latency_seconds"].score, results["trajectory.latency_seconds"].passed) == (
+        2.5,
+        True,
+    )
+    assert (results["trajectory.total_tokens"].score, results["trajectory.total_tokens"].passed) == (17, None)
+
+
+class _Boom:
+    name = "boom"
+
+    def applicable(self, inp: ScoringInput) -> bool:
+        return True
+
+    def score(self, inp: ScoringInput) -> ScoreResult:
+        raise RuntimeError("kaput")
+
+
+class _AsyncConst:
+    name = "async.const"
+
+    def applicable(self, inp: ScoringInput) -> bool:
+        return True
+
+    async def score(self, inp: ScoringInput) -> ScoreResult:
+        return ScoreResult(metric=self.name, score=0.5)
+
+
+def test_a_failing_scorer_becomes_an_error_result() -> None:
+    inp = build_scoring_input(_partition(), None)
+    boom, count = run_sync_scorers(inp, [_Boom(), *default_scorers(None)])[:2]
+    assert boom.metric == "boom" and "RuntimeError: kaput" in boom.error
+    assert count.metric == "trajectory.step_count" and count.score == 2
+
+
+async def test_run_async_scorers_mixes_sync_and_async_in_order() -> None:
+    inp = build_scoring_input(_partition(), None)
+    results = await run_async_scorers(inp, [_AsyncConst(), _Boom(), default_scorers(None)[1]])
+    assert [r.metric for r in results] == ["async.const", "boom", "trajectory.step_count"]
+    assert results[0].score == 0.5 and results[1].error is not None
+
+
+def test_registry_rules_only_when_present_and_unknown_names_listed() -> None:
+    registry = ScorerRegistry.builtin()
+    assert "trajectory" not in [s.name for s in registry.default_scorers(Expectation())]
+    with_rules = Expectation(rules=[{"max_steps": 1}])
+    assert "trajectory" in [s.name for s in registry.default_scorers(with_rules)]
+    with pytest.raises(UnknownScorerError, match="unknown scorer 'nope'; known scorers: agent.step_accuracy"):
+        registry.scorers_for(Expectation(scorers=["nope"]))
+    extended = registry.extended({"boom": ScorerEntry(lambda e: _Boom(), default_when=lambda e: False)})
+    assert [s.name for s in extended.scorers_for(Expectation(scorers=["boom"]))] == ["boom"]
+    assert "boom" not in registry.names
