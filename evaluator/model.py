@@ -59,7 +59,7 @@ class Partition(BaseModel):
     trace_ids: list[str] = Field(default_factory=list, description="In order of first span start.")
     annotations: dict[str, str] = Field(
         default_factory=dict,
-        description="Per-occurrence ground truth, e.g. {'expected_steps': '[\"a\", [\"b\", \"c\"]]'}; "
+        description='Per-occurrence ground truth, e.g. {\'expected_steps\': \'["a", ["b", "c"]]\'}; '
         "takes precedence over the expectation registered for the task key.",
     )
 
