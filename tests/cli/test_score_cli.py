@@ -1,0 +1,210 @@
+"""`stepwatch score` / `stepwatch schema` end to end, through the installed console script."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+STEPWATCH = str(Path(sys.executable).with_name("stepwatch"))
+CORPUS = Path("/work/shared/corpus")
+TRIP = CORPUS / "pai_trip_parallel_tools.pb"
+TRIP_EXPECTED = '["trip_planner", "get_weather", "get_exchange_rate", "book_hotel"]'
+
+pytestmark = pytest.mark.skipif(not TRIP.exists(), reason="corpus not present")
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([STEPWATCH, *args], capture_output=True, text=True, timeout=60, cwd=cwd)
+
+
+def assert_usage_error(proc: subprocess.CompletedProcess[str], fragment: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], proc.stderr
+
+
+def test_json_output_one_object_per_partition() -> None:
+    proc = run("score", str(TRIP), "--expected-steps", TRIP_EXPECTED, "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    (line,) = proc.stdout.splitlines()
+    record = json.loads(line)
+    assert record["id"] == f"{TRIP}#9cad7e223e744256bd800828d945f3cd"
+    assert record["partition"] == {"type": "trace", "id": "9cad7e223e744256bd800828d945f3cd"}
+    assert record["task_key"] == "trip_planner"
+    results = {r["metric"]: r for r in record["results"]}
+    assert round(results["agent.step_accuracy"]["score"], 3) == 0.75
+    assert results["agent.step_accuracy"]["passed"] is False
+    assert results["agent.step_accuracy"]["metadata"]["edit_distance"] == 1
+    assert results["trajectory.step_count"]["score"] == 4
+
+
+def test_session_partition_merges_traces() -> None:
+    path = CORPUS / "pai_support_session_multiturn.json"
+    expected = '["lookup_order", "check_refund_eligibility", "issue_refund"]'
+    proc = run("score", str(path), "--partition", "session", "--expected-steps", expected, "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    (record,) = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert record["partition"] == {"type": "session", "id": "support-conv-7f3a2c"}
+    assert record["results"][0]["score"] == 1.0
+
+
+def test_table_has_summary_and_explain_shows_alignment() -> None:
+    proc = run(
+        "score",
+        str(TRIP),
+        str(CORPUS / "pai_flight_booking_sequential.json"),
+        "--expected-steps",
+        TRIP_EXPECTED,
+        "--explain",
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.splitlines()[0].split() == ["ID", "PARTITION", "TASK", "METRIC", "SCORE", "PASS"]
+    assert "0.750" in out and "FAIL" in out
+    assert "alignment (edit_distance):" in out
+    assert any(
+        line.split()[1:4] == ["substitute", "trip_planner", "get_weather"]
+        for line in out.splitlines()
+        if line.strip().startswith("1 ")
+    )
+    assert out.splitlines()[-1].startswith(
+        "2 partition(s), 0 with errors; agent.step_accuracy: 2 scored, mean "
+    )
+    assert "pass rate 0/2 (0%)" in out.splitlines()[-1]
+
+
+def test_explain_marks_groups() -> None:
+    expected = '["trip_planner", ["get_exchange_rate", "get_weather", "get_weather"], "book_hotel"]'
+    proc = run("score", str(TRIP), "--expected-steps", expected, "--explain")
+    assert proc.returncode == 0, proc.stderr
+    group_lines = [line for line in proc.stdout.splitlines() if line.rstrip().endswith("[1]")]
+    assert len(group_lines) == 3 and all("match" in line for line in group_lines)
+
+
+def test_rules_file_in_spec_form(tmp_path: Path) -> None:
+    rules = tmp_path / "evals.yaml"
+    rules.write_text(
+        "scorers:\n  - type: trajectory\n    rules:\n      - must_call: book_hotel\n"
+        "        after: get_weather\n      - max_steps: 3\n"
+    )
+    proc = run("score", str(TRIP), "--rules", str(rules), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    results = {r["metric"]: r for r in json.loads(proc.stdout)["results"]}
+    assert results["trajectory"]["passed"] is False  # 4 tool calls > max_steps 3
+    assert "agent.step_accuracy" not in results  # no expected steps given
+
+
+def test_dataset_with_a_bad_row_scores_the_others(tmp_path: Path) -> None:
+    shutil.copy(TRIP, tmp_path / "trip.pb")
+    (tmp_path / "native.json").write_text(
+        json.dumps(
+            {
+                "final_output": "done",
+                "steps": [{"tool": "search_kb", "input": {"q": "refund"}}, {"tool": "issue_refund"}],
+            }
+        )
+    )
+    dataset = tmp_path / "data.jsonl"
+    dataset.write_text(
+        "\n".join(
+            [
+                json.dumps({"id": "trip", "trace": "trip.pb", "expected_steps": json.loads(TRIP_EXPECTED)}),
+                json.dumps({"id": "missing", "trace": "nope.pb", "expected_steps": ["a"]}),
+                "",
+                json.dumps(
+                    {
+                        "id": "native",
+                        "trace": "native.json",
+                        "expected_steps": ["search_kb", "issue_refund"],
+                        "scoring_method": "strict_position",
+                        "rules": [{"must_call": "search_kb", "with": {"q": {"contains": "ref"}}}],
+                    }
+                ),
+                json.dumps({"id": "badsteps", "trace": "trip.pb", "expected_steps": [["a", ["b"]]]}),
+                "{not json",
+            ]
+        )
+    )
+    proc = run("score", "--dataset", str(dataset), "--format", "json")
+    assert proc.returncode == 1, proc.stderr
+    records = {r["id"]: r for r in map(json.loads, proc.stdout.splitlines())}
+    assert round(records["trip"]["results"][0]["score"], 3) == 0.75
+    assert "nope.pb: no such file" in records["missing"]["error"]
+    native = {r["metric"]: r for r in records["native"]["results"]}
+    assert native["agent.step_accuracy"]["score"] == 1.0
+    assert native["agent.step_accuracy"]["metadata"]["scoring_method"] == "strict_position"
+    assert native["trajectory"]["passed"] is True
+    assert "expected_steps" in records["badsteps"]["error"]
+    assert records[f"{dataset}:6"]["error"].startswith(f"{dataset}:6: invalid JSON")
+    assert "Traceback" not in proc.stderr
+
+
+def test_dataset_table_counts_errors(tmp_path: Path) -> None:
+    shutil.copy(TRIP, tmp_path / "trip.pb")
+    dataset = tmp_path / "data.jsonl"
+    dataset.write_text(
+        json.dumps({"id": "t", "trace": "trip.pb", "expected_steps": ["get_weather"]})
+        + "\n"
+        + json.dumps({"id": "x", "trace": "gone.pb"})
+        + "\n"
+    )
+    proc = run("score", "--dataset", str(dataset))
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines()[-1].startswith("2 partition(s), 1 with errors;")
+    assert proc.stderr == ""  # progress only on a terminal
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["score", "/nonexistent/x.pb", "--expected-steps", '["a"]'], "/nonexistent/x.pb: no such file"),
+        (
+            ["score", str(CORPUS / "README.md"), "--expected-steps", '["a"]'],
+            "README.md: not JSON, and not a valid",
+        ),
+        (
+            ["score", str(TRIP), "--expected-steps", '["a",'],
+            "--expected-steps: expected_steps is not valid JSON",
+        ),
+        (
+            ["score", str(TRIP), "--expected-steps", '{"a": 1}'],
+            "--expected-steps: expected_steps must be a non-empty",
+        ),
+        (
+            ["score", str(TRIP), "--expected-steps", '["a", ["b"]]', "--scoring-method", "strict_position"],
+            "groups can only be scored with scoring_method edit_distance",
+        ),
+        (["score", "--dataset", "/nonexistent/d.jsonl"], "/nonexistent/d.jsonl: no such file"),
+        (["score"], "give trace FILEs or --dataset"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(args: list[str], fragment: str) -> None:
+    assert_usage_error(run(*args), fragment)
+
+
+def test_truncated_protobuf_and_invalid_json_exit_2(tmp_path: Path) -> None:
+    truncated = tmp_path / "cut.pb"
+    truncated.write_bytes(TRIP.read_bytes()[:-9])
+    assert_usage_error(run("score", str(truncated)), "cut.pb: not JSON, and not a valid OTLP protobuf")
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"resourceSpans": [')
+    assert_usage_error(run("score", str(broken)), "broken.json: invalid JSON at line 1")
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("scorers:\n  - type: trajectory\n    rules:\n      - must_call: 3\n        bogus: 1\n")
+    assert_usage_error(run("score", str(TRIP), "--rules", str(rules)), "rules.yaml: invalid rules")
+
+
+def test_schema_command() -> None:
+    partition = run("schema")
+    assert partition.returncode == 0
+    schema = json.loads(partition.stdout)
+    assert schema["title"] == "Partition" and "spans" in schema["properties"]
+    expectation = json.loads(run("schema", "expectation").stdout)
+    assert "expected_steps" in expectation["properties"]
+    assert run("schema", "bogus").returncode == 2
