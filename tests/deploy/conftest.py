@@ -1,0 +1,8 @@
+"""Makes tests/deploy/deploy_support.py importable from the deploy tests (pytest --import-mode=importlib)."""
+
+import sys
+from pathlib import Path
+
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)

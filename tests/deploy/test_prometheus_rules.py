@@ -1,0 +1,122 @@
+"""The Prometheus rules: valid for promtool, unit-tested alerts, conventions, runbook links."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from deploy_support import OPERATIONS_DOC, RULE_TESTS, RULES, all_series_names, require_tool, run
+
+RECORD_NAME = re.compile(r"^[a-z_]+:[a-z0-9_]+:[a-z0-9_]+$")
+RUNBOOK_BASE = "https://github.com/stepwatch/stepwatch/blob/main/docs/operations.md#"
+
+
+def _rules() -> list[dict]:
+    doc = yaml.safe_load(RULES.read_text())
+    return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def _alerts() -> list[dict]:
+    return [r for r in _rules() if "alert" in r]
+
+
+def _github_anchors(markdown: str) -> set[str]:
+    """Anchors GitHub generates for the headings of a markdown file."""
+    anchors = set()
+    for line in markdown.splitlines():
+        match = re.match(r"^#{1,6}\s+(.*)$", line)
+        if match:
+            text = re.sub(r"[^\w\- ]", "", match.group(1).strip().lower())
+            anchors.add(text.replace(" ", "-"))
+    return anchors
+
+
+def test_promtool_check_rules_passes() -> None:
+    result = run([require_tool("promtool"), "check", "rules", str(RULES)])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(_rules())} rules found" in result.stdout
+
+
+@pytest.mark.parametrize("test_file", RULE_TESTS, ids=[p.name for p in RULE_TESTS])
+def test_promtool_rule_unit_tests_pass(test_file: Path) -> None:
+    result = run([require_tool("promtool"), "test", "rules", str(test_file)])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def test_every_alert_has_a_unit_test_where_it_fires() -> None:
+    fired: set[str] = set()
+    for test_file in RULE_TESTS:
+        for case in yaml.safe_load(test_file.read_text())["tests"]:
+            for check in case.get("alert_rule_test", []):
+                if check.get("exp_alerts"):
+                    fired.add(check["alertname"])
+    missing = {a["alert"] for a in _alerts()} - fired
+    assert not missing, f"alerts never shown firing in deploy/prometheus/tests: {sorted(missing)}"
+
+
+def test_regression_unit_tests_cover_drop_noise_and_sparse_task_keys() -> None:
+    text = (RULES.parent.parent / "tests" / "regression.test.yml").read_text()
+    for task_key in ("checkout", "search", "rare", "strict", "lenient"):
+        assert f'task_key="{task_key}"' in text
+
+
+def test_alerts_carry_severity_summary_description_and_runbook() -> None:
+    anchors = _github_anchors(OPERATIONS_DOC.read_text())
+    for alert in _alerts():
+        name = alert["alert"]
+        assert re.fullmatch(r"Stepwatch[A-Z][A-Za-z]+", name), name
+        assert alert["labels"]["severity"] in {"critical", "warning", "info"}, name
+        annotations = alert["annotations"]
+        assert annotations["summary"] and annotations["description"], name
+        url = annotations["runbook_url"]
+        assert url == RUNBOOK_BASE + name.lower(), f"{name}: runbook_url {url}"
+        assert name.lower() in anchors, f"docs/operations.md has no section `{name}` for {name}'s runbook_url"
+
+
+def test_recording_rules_follow_level_metric_operations() -> None:
+    for rule in _rules():
+        if "record" in rule:
+            assert RECORD_NAME.match(rule["record"]), rule["record"]
+
+
+def test_rules_use_only_documented_metric_names() -> None:
+    """A typo in a metric name would make an alert silently never fire: every stepwatch_* name the
+    rules read must be one docs/metrics.md exposes."""
+    known = all_series_names()
+    for rule in _rules():
+        used = set(re.findall(r"(?<![:\w])(stepwatch_[a-z_]+)", rule["expr"]))
+        unknown = used - known
+        assert not unknown, f"{rule.get('alert') or rule.get('record')}: unknown metrics {sorted(unknown)}"
+
+
+@pytest.mark.parametrize(
+    ("original", "mutant", "why"),
+    [
+        ("expr: vector(20)", "expr: vector(1)", "without the minimum the sparse task key pages"),
+        ("expr: vector(0.1)", "expr: vector(0)", "without the margin the task key inside it pages"),
+        (
+            'task_key_metric:stepwatch_evaluation_score:avg_rate1h{metric!~"trajectory\\\\..+"}',
+            "task_key_metric:stepwatch_evaluation_score:avg_rate1h",
+            "latency falling is not a regression",
+        ),
+    ],
+)
+def test_regression_unit_tests_fail_when_a_guard_is_removed(
+    tmp_path: Path, original: str, mutant: str, why: str
+) -> None:
+    """The unit tests have teeth: weakening one guard of the regression alert makes them fail."""
+    text = RULES.read_text()
+    assert original in text
+    rules_dir = tmp_path / "rules"
+    tests_dir = tmp_path / "tests"
+    rules_dir.mkdir()
+    tests_dir.mkdir()
+    (rules_dir / RULES.name).write_text(text.replace(original, mutant, 1))
+    test_file = tests_dir / "regression.test.yml"
+    test_file.write_text((RULES.parent.parent / "tests" / "regression.test.yml").read_text())
+    result = run([require_tool("promtool"), "test", "rules", str(test_file)])
+    assert result.returncode != 0, f"unit tests still pass although {why}"
+    assert "StepwatchTrajectoryRegression" in result.stdout + result.stderr
