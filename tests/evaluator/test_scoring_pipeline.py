@@ -150,7 +150,9 @@ def test_registry_rules_only_when_present_and_unknown_names_listed() -> None:
     assert "trajectory" not in [s.name for s in registry.default_scorers(Expectation())]
     with_rules = Expectation(rules=[{"max_steps": 1}])
     assert "trajectory" in [s.name for s in registry.default_scorers(with_rules)]
-    with pytest.raises(UnknownScorerError, match="unknown scorer 'nope'; known scorers: agent.step_accuracy"):
+    with pytest.raises(
+        UnknownScorerError, match=r"unknown scorer 'nope'; known scorers: agent\.step_accuracy"
+    ):
         registry.scorers_for(Expectation(scorers=["nope"]))
     extended = registry.extended({"boom": ScorerEntry(lambda e: _Boom(), default_when=lambda e: False)})
     assert [s.name for s in extended.scorers_for(Expectation(scorers=["boom"]))] == ["boom"]
