@@ -8,6 +8,8 @@ position instead.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 import logging
@@ -223,9 +225,6 @@ class BasicAuthenticator:
             self._users[user] = digest
 
     def check(self, header_value: str | None) -> bool:
-        import base64
-        import binascii
-
         if not header_value or len(header_value) > MAX_HEADER_LENGTH:
             return False
         scheme, _, encoded = header_value.strip().partition(" ")
@@ -243,8 +242,9 @@ class BasicAuthenticator:
         ok = False
         for name, stored in self._users.items():
             # Every entry is compared, so timing does not reveal which user names exist.
-            match = hmac.compare_digest(presented, stored)
-            ok |= match and hmac.compare_digest(name.encode(), user.encode())
+            password_ok = hmac.compare_digest(presented, stored)
+            user_ok = hmac.compare_digest(name.encode(), user.encode())
+            ok |= password_ok and user_ok
         return ok
 
 
@@ -355,7 +355,9 @@ def _abort_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
 
 # -- aiohttp ------------------------------------------------------------------------------------
 
-TENANT_KEY = "stepwatch.tenant"
+TENANT_KEY: Any = (
+    web.RequestKey("stepwatch_tenant", Tenant) if hasattr(web, "RequestKey") else "stepwatch_tenant"
+)
 """`request[TENANT_KEY]` holds the authenticated Tenant for handlers behind the middleware."""
 
 
