@@ -1,0 +1,379 @@
+"""Generate the Stepwatch Grafana dashboard (deploy/grafana/dashboards/stepwatch.json) from code.
+
+Built with grafana-foundation-sdk (Grafana's dashboards-as-code library). Every query uses only the
+metric names of docs/metrics.md and the recording rules of deploy/prometheus/rules/stepwatch.rules.yml.
+
+    .venv/bin/python deploy/grafana/generate.py          # rewrite the committed JSON
+    .venv/bin/python deploy/grafana/generate.py --check  # exit 1 if the committed JSON is stale
+
+tests/deploy/test_grafana_dashboard.py checks that the committed file equals this output and that
+every PromQL expression in it parses and returns data against synthetic series (promtool).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from grafana_foundation_sdk.builders import bargauge, dashboard, prometheus, stat, table, timeseries
+from grafana_foundation_sdk.builders.common import StackingConfig, VizLegendOptions
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models import dashboard as dm
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+OUTPUT = Path(__file__).resolve().parent / "dashboards" / "stepwatch.json"
+UID = "stepwatch-overview"
+
+DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
+# Series selectors shared by the score panels (the template variables are multi-value regexes).
+SCORE_SEL = 'task_key=~"$task_key", metric=~"$metric"'
+# Quality scores only: the expectation-free trajectory.* measurements are not "higher is better".
+QUALITY_SEL = 'task_key=~"$task_key", metric=~"$metric", metric!~"trajectory\\\\..+"'
+
+
+def _query(expr: str, legend: str, ref: str = "A", *, instant: bool = False) -> prometheus.Dataquery:
+    q = prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(ref).datasource(DATASOURCE)
+    return q.instant().format(PromQueryFormat.TABLE) if instant else q.range()
+
+
+def _thresholds(*steps: tuple[float | None, str]) -> dashboard.ThresholdsConfig:
+    return (
+        dashboard.ThresholdsConfig()
+        .mode(dm.ThresholdsMode.ABSOLUTE)
+        .steps([dm.Threshold(value=value, color=color) for value, color in steps])
+    )
+
+
+def _timeseries(title: str, description: str, unit: str, *queries: prometheus.Dataquery) -> timeseries.Panel:
+    panel = (
+        timeseries.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .height(8)
+        .span(12)
+        .legend(
+            VizLegendOptions()
+            .display_mode(common.LegendDisplayMode.TABLE)
+            .placement(common.LegendPlacement.BOTTOM)
+            .show_legend(True)
+        )
+    )
+    for q in queries:
+        panel = panel.with_target(q)
+    return panel
+
+
+def _variables() -> list[Any]:
+    return [
+        dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus"),
+        dashboard.QueryVariable("task_key")
+        .label("Task key")
+        .description("Task keys with a score (label_values over stepwatch_evaluation_last_score).")
+        .datasource(DATASOURCE)
+        .query("label_values(stepwatch_evaluation_last_score, task_key)")
+        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(dm.VariableSort.ALPHABETICAL_ASC)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*"),
+        dashboard.QueryVariable("metric")
+        .label("Metric")
+        .description(
+            "Scorer names (agent.step_accuracy, trajectory, trajectory_steps, plan_adherence, trajectory.*)."
+        )
+        .datasource(DATASOURCE)
+        .query('label_values(stepwatch_evaluation_last_score{task_key=~"$task_key"}, metric)')
+        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(dm.VariableSort.ALPHABETICAL_ASC)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*"),
+    ]
+
+
+def _score_rows(board: dashboard.Dashboard) -> dashboard.Dashboard:
+    board = board.with_row(dashboard.Row("Scores"))
+    board = board.with_panel(
+        _timeseries(
+            "Score trend by task key and metric",
+            "Average score of the partitions scored in each interval: rate of the score histogram's _sum over its _count.",
+            "none",
+            _query(
+                f"sum by (task_key, metric) (rate(stepwatch_evaluation_score_sum{{{SCORE_SEL}}}[$__rate_interval]))\n"
+                f"/\nsum by (task_key, metric) (rate(stepwatch_evaluation_score_count{{{SCORE_SEL}}}[$__rate_interval]))",
+                "{{task_key}} {{metric}}",
+            ),
+        )
+    )
+    board = board.with_panel(
+        _timeseries(
+            "Pass rate",
+            "pass / (pass + fail) per task key and metric; errors and not_scored are shown under Evaluations by outcome.",
+            "percentunit",
+            _query(
+                f'sum by (task_key, metric) (rate(stepwatch_evaluations_total{{{SCORE_SEL}, outcome="pass"}}[$__rate_interval]))\n'
+                f'/\nsum by (task_key, metric) (rate(stepwatch_evaluations_total{{{SCORE_SEL}, outcome=~"pass|fail"}}[$__rate_interval]))',
+                "{{task_key}} {{metric}}",
+            ),
+        )
+        .min(0)
+        .max(1)
+    )
+    board = board.with_panel(
+        _timeseries(
+            "Regression versus 7-day baseline",
+            "1h average score minus the 7-day average (recording rules). StepwatchTrajectoryRegression fires "
+            "below minus the margin (default 0.1) with enough scored partitions.",
+            "none",
+            _query(
+                f"task_key_metric:stepwatch_evaluation_score:avg_rate1h{{{QUALITY_SEL}}}\n"
+                f"- on (task_key, metric)\ntask_key_metric:stepwatch_evaluation_score:avg_rate7d{{{QUALITY_SEL}}}",
+                "{{task_key}} {{metric}}",
+            ),
+        ).thresholds(_thresholds((None, "red"), (-0.1, "yellow"), (0, "green")))
+    )
+    board = board.with_panel(
+        bargauge.Panel()
+        .title("Worst task keys (1h average score)")
+        .description("The ten task keys and metrics with the lowest 1h average quality score.")
+        .datasource(DATASOURCE)
+        .height(8)
+        .span(12)
+        .unit("none")
+        .min(0)
+        .max(1)
+        .orientation(common.VizOrientation.HORIZONTAL)
+        .display_mode(common.BarGaugeDisplayMode.GRADIENT)
+        .thresholds(_thresholds((None, "red"), (0.6, "yellow"), (0.8, "green")))
+        .with_target(
+            _query(
+                f"bottomk(10, task_key_metric:stepwatch_evaluation_score:avg_rate1h{{{QUALITY_SEL}}})",
+                "{{task_key}} {{metric}}",
+                instant=True,
+            )
+        )
+    )
+    board = board.with_panel(
+        table.Panel()
+        .title("Latest score")
+        .description(
+            "stepwatch_evaluation_last_score: the most recent score per task key, metric and partition type."
+        )
+        .datasource(DATASOURCE)
+        .height(8)
+        .span(12)
+        .with_target(
+            _query(
+                f"max by (task_key, metric, partition_type) (stepwatch_evaluation_last_score{{{SCORE_SEL}}})",
+                "",
+                instant=True,
+            )
+        )
+    )
+    board = board.with_panel(
+        _timeseries(
+            "Evaluations by outcome",
+            "Evaluations per second by outcome (pass, fail, error, not_scored).",
+            "ops",
+            _query(
+                f"sum by (outcome) (rate(stepwatch_evaluations_total{{{SCORE_SEL}}}[$__rate_interval]))",
+                "{{outcome}}",
+            ),
+        ).stacking(StackingConfig().mode(common.StackingMode.NORMAL))
+    )
+    return board
+
+
+def _ingest_rows(board: dashboard.Dashboard) -> dashboard.Dashboard:
+    board = board.with_row(dashboard.Row("Ingest and buffering"))
+    board = board.with_panel(
+        _timeseries(
+            "Ingest rate",
+            "Spans received per second by protocol.",
+            "ops",
+            _query(
+                "sum by (protocol) (rate(stepwatch_spans_received_total[$__rate_interval]))", "{{protocol}}"
+            ),
+        )
+    )
+    board = board.with_panel(
+        _timeseries(
+            "Rejected and late spans",
+            "Spans rejected per second by reason, and spans that arrived after their partition was scored.",
+            "ops",
+            _query(
+                "sum by (reason) (rate(stepwatch_spans_rejected_total[$__rate_interval]))",
+                "rejected: {{reason}}",
+            ),
+            _query("sum(rate(stepwatch_spans_late_total[$__rate_interval]))", "late", "B"),
+        )
+    )
+    board = board.with_panel(
+        _timeseries(
+            "Partitions closed by reason",
+            "Traces and sessions closed per second, by partition type and why they closed.",
+            "ops",
+            _query(
+                "sum by (partition_type, reason) (rate(stepwatch_partitions_closed_total[$__rate_interval]))",
+                "{{partition_type}}: {{reason}}",
+            ),
+        )
+    )
+    board = board.with_panel(
+        _timeseries(
+            "Buffer fill",
+            "Buffered spans over the configured limit, per instance. At 100% the receiver pushes back.",
+            "percentunit",
+            _query(
+                "max by (instance) (stepwatch_buffered_spans)\n/ on (instance)\nmax by (instance) (stepwatch_buffered_spans_limit > 0)",
+                "{{instance}}",
+            ),
+        )
+        .min(0)
+        .max(1)
+        .thresholds(_thresholds((None, "green"), (0.75, "yellow"), (0.9, "red")))
+    )
+    board = board.with_panel(
+        _timeseries(
+            "Score latency",
+            "Last span arrival to score emitted (stepwatch_score_latency_seconds), p50 and p99.",
+            "s",
+            _query(
+                "histogram_quantile(0.5, sum by (le) (rate(stepwatch_score_latency_seconds_bucket[$__rate_interval])))",
+                "p50",
+            ),
+            _query(
+                "histogram_quantile(0.99, sum by (le) (rate(stepwatch_score_latency_seconds_bucket[$__rate_interval])))",
+                "p99",
+                "B",
+            ),
+        )
+    )
+    board = board.with_panel(
+        _timeseries(
+            "Buffered partitions",
+            "Open traces and sessions held in memory.",
+            "short",
+            _query("sum by (partition_type) (stepwatch_buffered_partitions)", "{{partition_type}}"),
+        )
+    )
+    return board
+
+
+def _stream_rows(board: dashboard.Dashboard) -> dashboard.Dashboard:
+    board = board.with_row(dashboard.Row("Judges and score streams"))
+    board = board.with_panel(
+        stat.Panel()
+        .title("Judge cost in range")
+        .description("USD spent on judge requests over the dashboard's time range, per backend.")
+        .datasource(DATASOURCE)
+        .height(8)
+        .span(6)
+        .unit("currencyUSD")
+        .graph_mode(common.BigValueGraphMode.NONE)
+        .with_target(
+            _query(
+                "sum by (backend) (increase(stepwatch_judge_cost_usd_total[$__range]))",
+                "{{backend}}",
+                instant=True,
+            )
+        )
+    )
+    board = board.with_panel(
+        _timeseries(
+            "Judge cost rate",
+            "USD per hour spent on judge requests, per backend.",
+            "currencyUSD",
+            _query(
+                "sum by (backend) (rate(stepwatch_judge_cost_usd_total[$__rate_interval])) * 3600",
+                "{{backend}}",
+            ),
+        ).span(6)
+    )
+    board = board.with_panel(
+        _timeseries(
+            "Judge requests by outcome",
+            "Judge requests per second by backend and outcome (ok, error, timeout, rate_limited, cached).",
+            "ops",
+            _query(
+                "sum by (backend, outcome) (rate(stepwatch_judge_requests_total[$__rate_interval]))",
+                "{{backend}}: {{outcome}}",
+            ),
+        )
+    )
+    board = board.with_panel(
+        _timeseries(
+            "Kafka spool",
+            "Bytes of score events spooled locally while Kafka is unreachable, against the spool limit.",
+            "bytes",
+            _query("sum by (instance) (stepwatch_kafka_spool_bytes)", "{{instance}} spooled"),
+            _query("sum by (instance) (stepwatch_kafka_spool_bytes_limit)", "{{instance}} limit", "B"),
+        )
+    )
+    board = board.with_panel(
+        _timeseries(
+            "Kafka score events",
+            "Score events sent to, failed on and spooled for topic stepwatch.scores, per second.",
+            "ops",
+            _query("sum(rate(stepwatch_kafka_events_sent_total[$__rate_interval]))", "sent"),
+            _query("sum(rate(stepwatch_kafka_events_failed_total[$__rate_interval]))", "failed", "B"),
+            _query("sum(rate(stepwatch_kafka_events_spooled_total[$__rate_interval]))", "spooled", "C"),
+            _query(
+                "sum by (exporter) (rate(stepwatch_exporter_queue_dropped_total[$__rate_interval]))",
+                "dropped: {{exporter}}",
+                "D",
+            ),
+        )
+    )
+    return board
+
+
+def build() -> dict[str, Any]:
+    """Return the dashboard as the JSON object Grafana's provisioning loads."""
+    board = (
+        dashboard.Dashboard("Stepwatch")
+        .uid(UID)
+        .description("Agent trajectory scores, ingest, buffering, judges and score streams of Stepwatch.")
+        .tags(["stepwatch", "agents", "opentelemetry"])
+        .editable()
+        .tooltip(dm.DashboardCursorSync.CROSSHAIR)
+        .refresh("30s")
+        .time("now-6h", "now")
+        .timezone("browser")
+    )
+    for variable in _variables():
+        board = board.with_variable(variable)
+    board = _stream_rows(_ingest_rows(_score_rows(board)))
+    encoded: dict[str, Any] = json.loads(json.dumps(board.build(), cls=JSONEncoder))
+    return encoded
+
+
+def render() -> str:
+    """The exact text of deploy/grafana/dashboards/stepwatch.json."""
+    return json.dumps(build(), indent=2, sort_keys=True) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail if the committed JSON differs")
+    parser.add_argument("--output", type=Path, default=OUTPUT)
+    args = parser.parse_args(argv)
+    text = render()
+    if args.check:
+        current = args.output.read_text() if args.output.exists() else ""
+        if current != text:
+            print(f"{args.output} is stale: run deploy/grafana/generate.py", file=sys.stderr)
+            return 1
+        return 0
+    args.output.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
