@@ -153,3 +153,42 @@ def plan_from_prompts(messages: list[PromptMessage]) -> tuple[list[str], str | N
         if best:
             return best, role
     return [], None
+
+
+def _reply_text(span: Span) -> str:
+    attrs = span.attributes
+    texts: list[str] = []
+    index = 0
+    while any(key.startswith(f"llm.output_messages.{index}.") for key in attrs):
+        content = attrs.get(f"llm.output_messages.{index}.message.content")
+        if isinstance(content, str) and content:
+            texts.append(content)
+        prefix = f"llm.output_messages.{index}.message.contents."
+        texts.extend(
+            str(attrs[key])
+            for key in sorted(attrs)
+            if key.startswith(prefix) and key.endswith("message_content.text")
+        )
+        index += 1
+    messages = _load(attrs.get("gen_ai.output.messages"))
+    if isinstance(messages, list):
+        for message in messages:
+            if isinstance(message, dict):
+                text = _genai_text(message.get("parts"))
+                if text:
+                    texts.append(text)
+    return "\n".join(texts).strip()
+
+
+def last_reply(partition: Partition) -> str | None:
+    """The text of the last LLM output that said something (the agent's closing reply), if any.
+
+    plan_adherence reads it when the trace has no root-level final answer: a plan step such as
+    "suggest activities" is carried out by what the agent says, not by a tool.
+    """
+    spans = sorted(partition.spans, key=lambda s: (s.start_time_unix_nano or 0, s.seq))
+    for span in reversed(spans):
+        text = _reply_text(span)
+        if text:
+            return text
+    return None

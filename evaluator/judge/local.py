@@ -14,7 +14,7 @@ from itertools import combinations
 
 from .base import BudgetHook, JudgeBatch, JudgeMalformed, Question
 from .stats import JudgeStats
-from .textsim import coverage, union_coverage
+from .textsim import completion_evidence, coverage
 
 FLOOR, CEILING = 0.02, 0.98
 """Never certain: lexical evidence can be wrong both ways."""
@@ -22,8 +22,8 @@ FLOOR, CEILING = 0.02, 0.98
 MIDPOINT = 0.55
 """Coverage at which p(yes) = 0.5: half the step's words plus a bit (tuned on the dev pairs)."""
 
-FULL_MIDPOINT = 0.8
-"""`fully_accomplishes` needs nearly every word of the step covered."""
+FULL_MIDPOINT = 0.7
+"""`fully_accomplishes` needs most of the step's words covered (see textsim.completion_evidence)."""
 
 STEEPNESS = 10.0
 
@@ -67,8 +67,7 @@ class LocalJudge:
         if question.kind == "accomplishes":
             return calibrate(max((coverage(step, a) for a in actions), default=0.0))
         if question.kind == "fully_accomplishes":
-            best = max((coverage(step, a) for a in actions), default=0.0)
-            return calibrate(max(best, union_coverage(step, actions)), FULL_MIDPOINT)
+            return calibrate(completion_evidence(step, actions), FULL_MIDPOINT)
         raise JudgeMalformed(f"unknown question kind {question.kind!r}")
 
     @staticmethod

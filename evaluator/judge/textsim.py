@@ -25,7 +25,7 @@ STOP_WORDS = _words(
     """a an the of to for from in on at by with and or then finally first next also please
     it its this that these those their them they user's user customer's our your my me we you
     is are be been was were do does did done any some all each every few short quick
-    into onto about via as so if when while after before once"""
+    into onto about via as so if when while after before once here there what which far"""
 )
 
 # Words that add little to a step's meaning: matched if present, but weigh a quarter.
@@ -59,7 +59,7 @@ CONCEPTS: tuple[frozenset[str], ...] = (
     _words("summarise summarize summary conclude recap"),
     _words("escalate handoff hand human"),
     _words("weather forecast temperature"),
-    _words("flight fly airfare plane airline"),
+    _words("flight fly airfare airline"),
     _words("destination travel guide place"),
     _words("meeting event appointment"),
     _words("hotel accommodation lodging stay room"),
@@ -174,28 +174,43 @@ def _parts(action: str) -> tuple[tuple[Token, ...], tuple[Token, ...]]:
     return tokens(name), tokens(args)
 
 
-def _value(token: Token, step: str, action: str) -> float:
-    """How well one action covers one step word: name match in full, argument match half."""
+def _value(token: Token, step: str, action: str, arg_factor: float) -> float:
+    """How well one action covers one step word: name match in full, argument match scaled."""
     name_tokens, arg_tokens = _parts(action)
     if token.stem in _acronym_hits(step, name_tokens):
         return 1.0
     value = _match(token, name_tokens)
     if value < 1.0 and arg_tokens:
-        value = max(value, ARG_FACTOR * _match(token, arg_tokens))
+        value = max(value, arg_factor * _match(token, arg_tokens))
     return value
 
 
-def coverage(step: str, action: str) -> float:
+def coverage(step: str, action: str, arg_factor: float = ARG_FACTOR) -> float:
     """Weighted share of the step's content words that the action covers, in [0, 1]."""
-    return union_coverage(step, (action,))
+    return union_coverage(step, (action,), arg_factor)
 
 
-def union_coverage(step: str, actions: Iterable[str]) -> float:
+def union_coverage(step: str, actions: Iterable[str], arg_factor: float = ARG_FACTOR) -> float:
     """Coverage of the step by several actions together (a plan step done in pieces)."""
     wanted = tokens(step)
     actions = tuple(actions)
     if not wanted or not actions:
         return 0.0
     total = sum(t.weight for t in wanted)
-    got = sum(t.weight * max(_value(t, step, a) for a in actions) for t in wanted)
+    got = sum(t.weight * max(_value(t, step, a, arg_factor) for a in actions) for t in wanted)
     return got / total
+
+
+def completion_evidence(step: str, actions: Iterable[str]) -> float:
+    """How completely the actions carry out every part of the step.
+
+    Once a tool's name does part of the step (`search_web` for "research"), the rest may be in
+    its arguments at full weight ({"query": "Tokyo travel guide"} for "the destination"); a tool
+    whose name does none of it still counts its arguments at half (`search_kb` does not reset MFA).
+    """
+    actions = tuple(actions)
+    best = union_coverage(step, actions)
+    for action in actions:
+        if coverage(step, action, arg_factor=0.0) > 0.0:
+            best = max(best, coverage(step, action, arg_factor=1.0))
+    return best
