@@ -1,0 +1,322 @@
+"""Kafka receiver: OTLP trace data from a topic, consumed as a consumer group, committed only when emitted.
+
+Reads what the Collector's Kafka exporter writes: each message value is one
+ExportTraceServiceRequest (`otlp_proto`, the default, or `otlp_json`), keyed by trace id
+(`partition_traces_by_id`) or by a session id (`message_key_from_metadata_key`). Kafka itself is
+the log here, so these spans need no WAL: offsets are committed only up to the oldest message
+that fed a partition not yet scored and emitted (see offsets.py), and a crash or a rebalance
+replays from there. Replays produce the same partitions again; score events carry a stable
+event_id, so downstream sees duplicates, not new scores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Hashable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.errors import KafkaError
+from aiokafka.helpers import create_ssl_context
+from prometheus_client import CollectorRegistry, Gauge
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+from .decoded import DecodeError, DecodeResult
+from .encodings import DECODERS, Encoding
+from .offsets import OffsetTracker
+
+log = logging.getLogger(__name__)
+
+
+class KafkaIngestConfig(BaseModel):
+    """The consumer group, the topic and its encoding, and TLS/SASL passed through to aiokafka."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bootstrap_servers: str = Field(default="localhost:9092", description="Comma-separated host:port list.")
+    topic: str = Field(
+        default="otlp_spans", description="The Collector kafka exporter's default traces topic."
+    )
+    group_id: str = Field(default="stepwatch", description="Consumer group shared by all replicas.")
+    encoding: Encoding = "otlp_proto"
+    initial_offset: Literal["earliest", "latest"] = Field(
+        default="latest", description="Where a group with no committed offset starts (as the Collector)."
+    )
+    group_instance_id: str | None = Field(
+        default=None, description="Static membership: keep partitions across a quick restart."
+    )
+    client_id: str = "stepwatch"
+    commit_interval_ms: int = Field(default=1000, ge=10, description="How often watermarks are committed.")
+    max_poll_records: int = Field(default=100, ge=1)
+    session_timeout_ms: int = Field(default=10_000, ge=1000)
+    heartbeat_interval_ms: int = Field(default=3000, ge=100)
+    max_partition_fetch_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    retry_backoff_ms: int = Field(default=100, ge=1, description="First wait when the sink pushes back.")
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    tls_ca_file: Path | None = None
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _check_security(self) -> KafkaIngestConfig:
+        if self.security_protocol.startswith("SASL") and self.sasl_mechanism is None:
+            raise ValueError(f"kafka_ingest.sasl_mechanism is required with {self.security_protocol}")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("kafka_ingest.tls_cert_file and kafka_ingest.tls_key_file go together")
+        return self
+
+    def consumer_kwargs(self) -> dict[str, Any]:
+        """AIOKafkaConsumer arguments: manual commits, our rebalance handling."""
+        kwargs: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap_servers,
+            "group_id": self.group_id,
+            "group_instance_id": self.group_instance_id,
+            "client_id": self.client_id,
+            "enable_auto_commit": False,
+            "auto_offset_reset": self.initial_offset,
+            "max_poll_records": self.max_poll_records,
+            "session_timeout_ms": self.session_timeout_ms,
+            "heartbeat_interval_ms": self.heartbeat_interval_ms,
+            "max_partition_fetch_bytes": self.max_partition_fetch_bytes,
+            "security_protocol": self.security_protocol,
+        }
+        if self.sasl_mechanism is not None:
+            kwargs["sasl_mechanism"] = self.sasl_mechanism
+            kwargs["sasl_plain_username"] = self.sasl_username
+            kwargs["sasl_plain_password"] = (
+                self.sasl_password.get_secret_value() if self.sasl_password is not None else None
+            )
+        if self.security_protocol in ("SSL", "SASL_SSL"):
+            kwargs["ssl_context"] = create_ssl_context(
+                cafile=str(self.tls_ca_file) if self.tls_ca_file else None,
+                certfile=str(self.tls_cert_file) if self.tls_cert_file else None,
+                keyfile=str(self.tls_key_file) if self.tls_key_file else None,
+            )
+        return kwargs
+
+
+@dataclass(frozen=True, slots=True)
+class IngestedMessage:
+    """One decoded Kafka message: where it came from and what its request held."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    result: DecodeResult
+
+
+class IngestSink(Protocol):
+    """Buffers a message's spans; returns the partition keys they went into (the keys later released).
+
+    Awaiting is backpressure: the consumer reads nothing more meanwhile. Raising one of the
+    ingest's `retry_on` exceptions (a full buffer) retries the same message after a backoff.
+    """
+
+    def __call__(self, message: IngestedMessage) -> Awaitable[Iterable[Hashable]]: ...
+
+
+LostHandler = Callable[[set[TopicPartition], set[Hashable]], Awaitable[None]]
+"""Called with topic-partitions this replica no longer owns and the keys they fed: drop those
+buffers without scoring them; the new owner re-reads them from the committed watermark."""
+
+
+class KafkaIngest:
+    """Consumer-group receiver with watermark commits and clean partition hand-over."""
+
+    def __init__(
+        self,
+        config: KafkaIngestConfig,
+        sink: IngestSink,
+        on_lost: LostHandler,
+        *,
+        registry: CollectorRegistry | None = None,
+        retry_on: tuple[type[BaseException], ...] = (),
+        on_undecodable: Callable[[IngestedMessage, DecodeError], None] | None = None,
+    ) -> None:
+        self.config = config
+        self._sink = sink
+        self._on_lost = on_lost
+        self._retry_on = retry_on
+        self._on_undecodable = on_undecodable
+        self._decode = DECODERS[config.encoding]
+        self._offsets = OffsetTracker()
+        self._owned: set[TopicPartition] = set()
+        self._lock = asyncio.Lock()
+        self._consumer: AIOKafkaConsumer | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        self._last_commit = 0.0
+        self._lag = Gauge(
+            "stepwatch_kafka_ingest_lag_messages",
+            "Messages not yet read from each assigned topic partition.",
+            ["partition"],
+            registry=registry,
+        )
+        self.messages = 0
+        self.undecodable = 0
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Join the group and start consuming in a background task."""
+        if self._consumer is not None:
+            return
+        self._consumer = AIOKafkaConsumer(**self.config.consumer_kwargs())
+        self._consumer.subscribe([self.config.topic], listener=_Listener(self))
+        await self._consumer.start()
+        self._task = asyncio.create_task(self._run(), name="stepwatch-kafka-ingest")
+
+    async def stop(self) -> None:
+        """Commit the watermarks, hand unemitted keys to `on_lost`, leave the group; idempotent."""
+        if self._consumer is None:
+            return
+        self._stopping.set()
+        if self._task is not None:
+            with contextlib.suppress(Exception):
+                await self._task
+        consumer, self._consumer = self._consumer, None
+        async with self._lock:
+            await self._commit(consumer, None)
+            await self._lose(set(self._owned))
+        await consumer.stop()
+
+    async def wait(self) -> None:
+        """Until the consume loop ends; re-raises what ended it (a sink failure, for one)."""
+        if self._task is not None:
+            await self._task
+
+    # -- releases from the service ----------------------------------------------------------
+
+    def release(self, key: Hashable) -> None:
+        """The partition is scored and its events handed to the exporters."""
+        self._offsets.release(key)
+
+    @property
+    def owned(self) -> set[TopicPartition]:
+        return set(self._owned)
+
+    def watermark(self, tp: TopicPartition) -> int | None:
+        return self._offsets.watermark(tp)
+
+    # -- consuming --------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        loop = asyncio.get_running_loop()
+        interval = self.config.commit_interval_ms / 1000
+        while not self._stopping.is_set():
+            batches = await consumer.getmany(timeout_ms=200)
+            for tp, messages in batches.items():
+                for message in messages:
+                    if self._stopping.is_set():
+                        return
+                    async with self._lock:
+                        if tp not in self._owned:
+                            break
+                        await self._ingest(tp, message)
+                if tp in self._owned:
+                    highwater = consumer.highwater(tp)
+                    next_offset = self._offsets.next_offset(tp)
+                    if highwater is not None and next_offset is not None:
+                        self._lag.labels(str(tp.partition)).set(max(0, highwater - next_offset))
+            if loop.time() - self._last_commit >= interval:
+                async with self._lock:
+                    await self._commit(consumer, None)
+
+    async def _ingest(self, tp: TopicPartition, message: Any) -> None:
+        self._offsets.consumed(tp, message.offset)
+        try:
+            result = self._decode(message.value or b"")
+        except DecodeError as exc:
+            self.undecodable += 1
+            meta = IngestedMessage(tp.topic, tp.partition, message.offset, message.key, DecodeResult())
+            if self._on_undecodable is not None:
+                self._on_undecodable(meta, exc)
+            else:
+                log.warning("kafka %s[%d]@%d: undecodable message skipped: %s", *meta_fields(meta), exc)
+            self._offsets.track(tp, message.offset, ())
+            return
+        ingested = IngestedMessage(tp.topic, tp.partition, message.offset, message.key, result)
+        backoff = self.config.retry_backoff_ms / 1000
+        while True:
+            try:
+                keys = await self._sink(ingested)
+                break
+            except self._retry_on:
+                if self._stopping.is_set():
+                    raise
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+        self._offsets.track(tp, message.offset, keys)
+        self.messages += 1
+
+    async def _commit(self, consumer: AIOKafkaConsumer, tps: Iterable[TopicPartition] | None) -> None:
+        self._last_commit = asyncio.get_running_loop().time()
+        offsets = self._offsets.to_commit(self._owned if tps is None else tps)
+        if not offsets:
+            return
+        try:
+            await consumer.commit(offsets)
+        except KafkaError as exc:
+            log.warning("kafka ingest: commit of %s failed, retrying later: %s", offsets, exc)
+            return
+        self._offsets.committed(offsets)
+
+    async def _lose(self, tps: set[TopicPartition]) -> None:
+        if not tps:
+            return
+        keys = self._offsets.drop(tps)
+        self._owned -= tps
+        for tp in tps:
+            with contextlib.suppress(KeyError):
+                self._lag.remove(str(tp.partition))
+        await self._on_lost(tps, keys)
+
+    # -- rebalances -------------------------------------------------------------------------
+
+    async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        # Commit where we are, but keep the buffers: with eager rebalancing every partition is
+        # revoked, and most come straight back; only those that do not are dropped (on assign).
+        consumer = self._consumer
+        if consumer is None:
+            return
+        async with self._lock:
+            await self._commit(consumer, revoked & self._owned)
+
+    async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        consumer = self._consumer
+        if consumer is None:
+            return
+        async with self._lock:
+            await self._lose(self._owned - assigned)
+            for tp in assigned & self._owned:
+                next_offset = self._offsets.next_offset(tp)
+                if next_offset is not None:
+                    consumer.seek(tp, next_offset)  # continue where we were: our buffers hold the rest
+            self._owned = set(assigned)
+        log.info("kafka ingest: assigned %s", sorted((tp.topic, tp.partition) for tp in assigned))
+
+
+def meta_fields(message: IngestedMessage) -> tuple[str, int, int]:
+    return message.topic, message.partition, message.offset
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, ingest: KafkaIngest) -> None:
+        self._ingest = ingest
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self._ingest._on_revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        await self._ingest._on_assigned(set(assigned))

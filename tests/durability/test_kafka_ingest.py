@@ -1,0 +1,285 @@
+"""Kafka ingest against a real broker (tansu): both Collector encodings, watermark commits, hand-over."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Hashable, Iterable, Iterator
+
+import pytest
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from durability_otlp import new_trace_id, to_otlp_json, trace_request
+from kafka_broker import TansuBroker
+from prometheus_client import CollectorRegistry
+
+from stepwatch.receiver.kafka_ingest import IngestedMessage, KafkaIngest, KafkaIngestConfig
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[TansuBroker]:
+    with TansuBroker() as running:
+        yield running
+
+
+class RecordingSink:
+    """Stands in for the buffer: counts spans by trace and reports each trace id as a partition key."""
+
+    def __init__(self) -> None:
+        self.messages: list[IngestedMessage] = []
+        self.traces: dict[str, int] = {}
+        self.lost: list[tuple[set[TopicPartition], set[Hashable]]] = []
+
+    async def __call__(self, message: IngestedMessage) -> Iterable[Hashable]:
+        self.messages.append(message)
+        keys = {span.trace_id for span in message.result.spans}
+        for span in message.result.spans:
+            self.traces[span.trace_id] = self.traces.get(span.trace_id, 0) + 1
+        return keys
+
+    async def on_lost(self, tps: set[TopicPartition], keys: set[Hashable]) -> None:
+        self.lost.append((tps, keys))
+
+
+async def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+    finally:
+        await admin.close()
+
+
+async def _produce(bootstrap: str, topic: str, messages: list[tuple[bytes, bytes]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        for key, value in messages:
+            await producer.send(topic, value=value, key=key)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def _until(predicate: object, timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def _config(broker: TansuBroker, topic: str, group: str, **overrides: object) -> KafkaIngestConfig:
+    values: dict[str, object] = {
+        "bootstrap_servers": broker.bootstrap,
+        "topic": topic,
+        "group_id": group,
+        "initial_offset": "earliest",
+        "commit_interval_ms": 50,
+        "session_timeout_ms": 6000,
+        "heartbeat_interval_ms": 500,
+    }
+    values.update(overrides)
+    return KafkaIngestConfig.model_validate(values)
+
+
+async def _committed(broker: TansuBroker, group: str, tp: TopicPartition) -> int | None:
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=group, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        return await consumer.committed(tp)
+    finally:
+        await consumer.stop()
+
+
+@pytest.mark.parametrize("encoding", ["otlp_proto", "otlp_json"])
+async def test_consumes_collector_encodings_keyed_by_trace_id(broker: TansuBroker, encoding: str) -> None:
+    topic = f"spans-{encoding}"
+    await _create_topic(broker.bootstrap, topic, 1)
+    trace_ids = [new_trace_id() for _ in range(6)]
+    messages = []
+    for trace_id in trace_ids:  # partition_traces_by_id: one trace per message, keyed by its id
+        request = trace_request([trace_id], spans_per_trace=4)
+        value = request.SerializeToString() if encoding == "otlp_proto" else to_otlp_json(request)
+        messages.append((trace_id, value))
+    messages.append((b"junk", b"\xff\x00 not a request"))
+    await _produce(broker.bootstrap, topic, messages)
+    sink = RecordingSink()
+    registry = CollectorRegistry()
+    ingest = KafkaIngest(
+        _config(broker, topic, f"g-{encoding}", encoding=encoding), sink, sink.on_lost, registry=registry
+    )
+    await ingest.start()
+    try:
+        await _until(lambda: ingest.messages + ingest.undecodable == 7, what="all messages")
+    finally:
+        await ingest.stop()
+
+    assert sink.traces == {t.hex(): 4 for t in trace_ids}
+    assert [m.key for m in sink.messages] == trace_ids
+    assert ingest.undecodable == 1
+    assert {span.resource_attributes["service.name"] for m in sink.messages for span in m.result.spans} == {
+        "agent"
+    }
+
+
+async def test_offsets_are_committed_only_up_to_the_oldest_unemitted_message(broker: TansuBroker) -> None:
+    topic, group = "spans-watermark", "g-watermark"
+    tp = TopicPartition(topic, 0)
+    await _create_topic(broker.bootstrap, topic, 1)
+    trace_ids = [new_trace_id() for _ in range(8)]
+    await _produce(
+        broker.bootstrap,
+        topic,
+        [(t, trace_request([t]).SerializeToString()) for t in trace_ids],
+    )
+
+    # first consumer: buffers everything, emits traces 0, 1 and 3 (not 2), then goes away
+    first = RecordingSink()
+    ingest = KafkaIngest(_config(broker, topic, group), first, first.on_lost)
+    await ingest.start()
+    try:
+        await _until(lambda: ingest.messages == 8, what="8 messages")
+        for index in (0, 1, 3):
+            ingest.release(trace_ids[index].hex())
+        await _until(lambda: ingest.watermark(tp) == 2, what="watermark at the unemitted message 2")
+    finally:
+        await ingest.stop()
+    assert await _committed(broker, group, tp) == 2
+    assert first.lost and first.lost[-1][1] == {
+        t.hex() for i, t in enumerate(trace_ids) if i not in (0, 1, 3)
+    }
+
+    # a new member of the group re-reads from message 2: the unemitted traces come back, 0 and 1 do not
+    second = RecordingSink()
+    ingest = KafkaIngest(_config(broker, topic, group), second, second.on_lost)
+    await ingest.start()
+    try:
+        await _until(lambda: ingest.messages == 6, what="the 6 replayed messages")
+        for trace_id in trace_ids:
+            ingest.release(trace_id.hex())
+        await _until(lambda: ingest.watermark(tp) == 8, what="everything emitted")
+        await asyncio.sleep(0.2)  # let a periodic commit happen while running
+        assert await _committed(broker, group, tp) == 8
+    finally:
+        await ingest.stop()
+    assert set(second.traces) == {t.hex() for i, t in enumerate(trace_ids) if i >= 2}
+
+
+_CRASHING_CONSUMER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from stepwatch.receiver.kafka_ingest import KafkaIngest, KafkaIngestConfig
+
+    async def main() -> None:
+        config = KafkaIngestConfig(bootstrap_servers=sys.argv[1], topic=sys.argv[2], group_id=sys.argv[3],
+                                   initial_offset="earliest", commit_interval_ms=50, session_timeout_ms=6000,
+                                   heartbeat_interval_ms=500)
+        seen = []
+        async def sink(message):
+            seen.append(message.offset)
+            return {span.trace_id for span in message.result.spans}
+        async def on_lost(tps, keys):
+            pass
+        ingest = KafkaIngest(config, sink, on_lost)
+        await ingest.start()
+        while len(seen) < 5:
+            await asyncio.sleep(0.05)
+        print("consumed", flush=True)
+        line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        ingest.release(line.strip())  # the first trace is scored and emitted
+        await asyncio.sleep(0.5)      # periodic commits run
+        print("released", flush=True)
+        await asyncio.sleep(3600)
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_killed_consumer_commits_nothing_past_the_watermark(broker: TansuBroker) -> None:
+    topic, group = "spans-crash", "g-crash"
+    tp = TopicPartition(topic, 0)
+    trace_ids = [new_trace_id() for _ in range(5)]
+
+    async def setup() -> None:
+        await _create_topic(broker.bootstrap, topic, 1)
+        await _produce(
+            broker.bootstrap, topic, [(t, trace_request([t]).SerializeToString()) for t in trace_ids]
+        )
+
+    asyncio.run(setup())
+    process = subprocess.Popen(
+        [sys.executable, "-c", _CRASHING_CONSUMER, broker.bootstrap, topic, group],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdin is not None and process.stdout is not None
+        assert process.stdout.readline().strip() == "consumed"
+        process.stdin.write(trace_ids[0].hex() + "\n")
+        process.stdin.flush()
+        assert process.stdout.readline().strip() == "released"
+    finally:
+        process.kill()  # SIGKILL: no final commit, no LeaveGroup
+        process.wait(timeout=10)
+        for stream in (process.stdin, process.stdout):
+            if stream is not None:
+                stream.close()
+
+    async def restart() -> tuple[int | None, set[str]]:
+        committed = await _committed(broker, group, tp)
+        replay = RecordingSink()
+        again = KafkaIngest(_config(broker, topic, group), replay, replay.on_lost)
+        await again.start()
+        try:
+            await _until(lambda: again.messages == 4, timeout=45, what="replay after the session timeout")
+        finally:
+            await again.stop()
+        return committed, set(replay.traces)
+
+    committed, replayed = asyncio.run(restart())
+    assert committed == 1
+    assert replayed == {t.hex() for t in trace_ids[1:]}
+
+
+async def test_rebalance_hands_partitions_over_and_the_new_owner_rebuilds(broker: TansuBroker) -> None:
+    topic, group = "spans-rebalance", "g-rebalance"
+    await _create_topic(broker.bootstrap, topic, 4)
+    trace_ids = [new_trace_id() for _ in range(40)]
+    await _produce(broker.bootstrap, topic, [(t, trace_request([t]).SerializeToString()) for t in trace_ids])
+
+    first = RecordingSink()
+    a = KafkaIngest(_config(broker, topic, group), first, first.on_lost)
+    await a.start()
+    await _until(lambda: a.messages == 40, what="A reads all 40")
+    emitted = {t.hex() for t in trace_ids[:10]}
+    for key in emitted:
+        a.release(key)
+
+    second = RecordingSink()
+    b = KafkaIngest(_config(broker, topic, group), second, second.on_lost)
+    await b.start()
+    try:
+        await _until(lambda: len(a.owned) + len(b.owned) == 4 and b.owned, timeout=45, what="rebalance")
+        lost_keys = set().union(*(keys for _, keys in first.lost))
+        moved = {tp.partition for tp in b.owned}
+        # A dropped exactly the unemitted traces of the partitions it lost; B rebuilt those
+        await _until(lambda: set(second.traces) >= lost_keys, what="B rebuilds the moved traces")
+        assert lost_keys and not (lost_keys & emitted)
+        assert {m.partition for m in second.messages} <= moved
+        with_a = set(first.traces) - lost_keys - emitted
+        with_b = set(second.traces) - emitted
+        assert with_a | with_b | emitted == {t.hex() for t in trace_ids}
+        assert not (with_a & with_b), "each unemitted trace has exactly one owner"
+    finally:
+        await b.stop()
+        await a.stop()
