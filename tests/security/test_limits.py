@@ -1,0 +1,155 @@
+"""Input and scoring limits: each one trips at its configured value, is counted, and keeps the
+valid remainder (trimmed spans, the first N spans, a not_scored reason instead of a stall)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from stepwatch.evaluator.expectation import Expectation
+from stepwatch.evaluator.model import Span, Step
+from stepwatch.evaluator.scorers.step_accuracy import step_accuracy
+from stepwatch.security.config import LimitsConfig
+from stepwatch.security.limits import (
+    LIMIT_NAMES,
+    TRUNCATION_MARK,
+    LimitCounters,
+    LimitExceeded,
+    PrometheusLimitMeter,
+    admit,
+    apply_span_limits,
+    check_body_size,
+    check_expectation,
+    grpc_server_options,
+    json_depth_exceeds,
+    loads_bounded,
+    read_bounded,
+    scoring_guard,
+    value_depth,
+)
+
+
+def span(i: int, attributes: dict | None = None) -> Span:
+    return Span(trace_id="ab" * 16, span_id=f"{i + 1:016x}", name=f"s{i}", attributes=attributes or {}, seq=i)
+
+
+def test_spans_over_the_request_cap_are_rejected_and_the_first_ones_kept():
+    meter = LimitCounters()
+    result = apply_span_limits([span(i) for i in range(7)], LimitsConfig(max_spans_per_request=5), meter)
+    assert [s.name for s in result.spans] == ["s0", "s1", "s2", "s3", "s4"]
+    assert result.rejected == 2
+    assert meter.counts == {"spans_per_request": 2}
+    assert "2 spans over the per-request limit" in result.message
+
+
+def test_excess_attributes_are_dropped_and_long_values_truncated_not_rejected():
+    meter = LimitCounters()
+    limits = LimitsConfig(max_attributes_per_span=3, max_attribute_value_length=10)
+    attrs = {"a": "x" * 25, "b": ["short", "y" * 11], "c": {"nested": "z" * 12}, "d": 1, "e": 2}
+    result = apply_span_limits([span(0, attrs), span(1, {"ok": "fine"})], limits, meter)
+    trimmed = result.spans[0].attributes
+    assert list(trimmed) == ["a", "b", "c"]
+    assert trimmed["a"] == "x" * 10 + TRUNCATION_MARK
+    assert trimmed["b"] == ["short", "y" * 10 + TRUNCATION_MARK]
+    assert trimmed["c"] == {"nested": "z" * 10 + TRUNCATION_MARK}
+    assert result.rejected == 0
+    assert (result.dropped_attributes, result.truncated_values) == (2, 3)
+    assert meter.counts == {"attributes_per_span": 2, "attribute_value_length": 3}
+    assert result.spans[1] is not None and result.spans[1].attributes == {"ok": "fine"}
+
+
+def test_untouched_spans_are_passed_through_unchanged():
+    spans = [span(i, {"k": "v"}) for i in range(3)]
+    result = apply_span_limits(spans, LimitsConfig(), LimitCounters())
+    assert all(a is b for a, b in zip(result.spans, spans, strict=True))
+    assert result.message == ""
+
+
+def test_body_size_limit_raises_with_the_limit_name():
+    meter = LimitCounters()
+    check_body_size(100, LimitsConfig(max_http_body_bytes=100), meter)
+    with pytest.raises(LimitExceeded) as info:
+        check_body_size(101, LimitsConfig(max_http_body_bytes=100), meter)
+    assert info.value.limit == "message_size"
+    assert meter.counts == {"message_size": 1}
+    assert grpc_server_options(LimitsConfig(max_message_bytes=1234)) == [
+        ("grpc.max_receive_message_length", 1234)
+    ]
+
+
+def test_deep_json_is_refused_before_parsing_instead_of_recursion_error():
+    meter = LimitCounters()
+    hostile = "[" * 100_000 + "]" * 100_000
+    with pytest.raises(LimitExceeded) as info:
+        loads_bounded(hostile, 32, meter)
+    assert info.value.limit == "json_depth"
+    assert loads_bounded('{"a": [1, {"b": "[[[[["}]}', 3, meter) == {"a": [1, {"b": "[[[[["}]}
+    assert not json_depth_exceeds('"[[[[\\"[["', 1)  # brackets inside strings do not count
+    assert json_depth_exceeds("[[[]]]", 2) and not json_depth_exceeds("[[[]]]", 3)
+    assert meter.counts == {"json_depth": 1}
+    assert value_depth(json.loads('[[1], {"a": [2]}]')) == 3
+
+
+def test_expectations_file_size_is_checked_on_the_bytes_read(tmp_path):
+    path = tmp_path / "expectations.yaml"
+    path.write_bytes(b"x" * 1000)
+    meter = LimitCounters()
+    assert read_bounded(path, 1000, meter) == b"x" * 1000
+    with pytest.raises(LimitExceeded, match="expectations_file_size"):
+        read_bounded(path, 999, meter)
+    assert meter.counts == {"expectations_file_size": 1}
+
+
+def test_expectation_group_and_step_caps():
+    meter = LimitCounters()
+    limits = LimitsConfig(max_group_size=3, max_expected_steps=6)
+    check_expectation("ok", Expectation(expected_steps=["a", ["b", "c", "d"], "e"]), limits, meter)
+    with pytest.raises(LimitExceeded, match=r"expected_steps\[1\] has 4 members"):
+        check_expectation("t", Expectation(expected_steps=["a", ["b", "c", "d", "e"]]), limits, meter)
+    with pytest.raises(LimitExceeded, match="7 expected steps"):
+        check_expectation("t", Expectation(expected_steps=list("abcdefg")), limits, meter)
+    assert meter.counts == {"group_size": 1, "expected_steps": 1}
+
+
+def test_admit_keeps_what_fits_and_counts_the_rest():
+    meter = LimitCounters()
+    assert admit(8, 5, 10, "spans_per_trace", meter) == 2
+    assert admit(10, 1, 10, "spans_per_trace", meter) == 0
+    assert admit(0, 3, 10, "traces_per_session", meter) == 3
+    assert meter.counts == {"spans_per_trace": 4}
+
+
+def test_scoring_guard_bounds_the_alignment_before_it_starts():
+    meter = LimitCounters()
+    limits = LimitsConfig(max_steps_per_partition=100, max_dp_cells=1_000)
+    assert scoring_guard(50, ["a"] * 10, limits, meter) is None
+    assert "steps_per_partition" in (scoring_guard(101, ["a"], limits, meter) or "")
+    assert "dp_cells" in (scoring_guard(99, ["a"] * 10, limits, meter) or "")
+    assert meter.counts == {"steps_per_partition": 1, "dp_cells": 1}
+
+
+def test_default_guard_keeps_a_pathological_partition_fast():
+    """At the default caps the worst admitted alignment (all groups, max steps) finishes quickly."""
+    limits = LimitsConfig()
+    expected = [
+        [f"t{i}", f"u{i}"] for i in range(limits.max_dp_cells // (limits.max_steps_per_partition + 1) - 1)
+    ]
+    observed = [Step(name=f"t{i % 7}", kind="TOOL") for i in range(limits.max_steps_per_partition)]
+    assert scoring_guard(len(observed), expected, limits, LimitCounters()) is None
+    started = time.perf_counter()
+    score, _ = step_accuracy(observed, expected)
+    assert 0.0 <= score <= 1.0
+    assert time.perf_counter() - started < 10.0
+
+
+def test_prometheus_meter_exposes_every_limit_label():
+    registry = CollectorRegistry()
+    meter = PrometheusLimitMeter(registry)
+    meter.exceeded("json_depth", 2)
+    text = generate_latest(registry).decode()
+    assert 'stepwatch_limits_exceeded_total{limit="json_depth"} 2.0' in text
+    for name in LIMIT_NAMES:
+        assert f'limit="{name}"' in text

@@ -1,0 +1,129 @@
+"""Privacy (redaction at ingest, content withheld from events, secrets out of logs) and the tenant
+seams (partition keys, per-tenant expectations without fallback, labels only when tenancy is on)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from stepwatch.evaluator.model import Span
+from stepwatch.security.config import (
+    PrivacyConfig,
+    SecurityConfig,
+    TenancyConfig,
+    TenantConfig,
+    TLSServerConfig,
+)
+from stepwatch.security.redaction import REDACTED, Redactor, SecretsLogFilter, scrub_secrets, strip_content
+from stepwatch.security.tenants import DEFAULT_TENANT, PerTenant, Tenant, TenantPolicy, partition_key
+
+
+def test_redaction_replaces_listed_keys_and_prefixes_in_span_and_resource_attributes():
+    redactor = Redactor(["user.email", "gen_ai.prompt*"])
+    span = Span(
+        trace_id="ab" * 16,
+        span_id="cd" * 8,
+        name="llm",
+        attributes={"user.email": "a@b.c", "gen_ai.prompt.0.content": "hi", "gen_ai.system": "openai"},
+        resource_attributes={"user.email": "x@y.z"},
+    )
+    out = redactor.redact_span(span)
+    assert out.attributes == {
+        "user.email": REDACTED,
+        "gen_ai.prompt.0.content": REDACTED,
+        "gen_ai.system": "openai",
+    }
+    assert out.resource_attributes == {"user.email": REDACTED}
+    clean = span.model_copy(update={"attributes": {"gen_ai.system": "openai"}, "resource_attributes": {}})
+    assert redactor.redact_span(clean) is clean
+    assert Redactor([]).redact_spans([span]) == [span]
+
+
+def test_content_is_stripped_from_score_metadata_unless_allowed():
+    metadata = {
+        "steps": [{"op": "match", "expected": "search", "input": {"q": "secret"}, "output": "42"}],
+        "final_answer": "the answer",
+        "edit_distance": 1,
+    }
+    assert strip_content(metadata, include_content=False) == {
+        "steps": [{"op": "match", "expected": "search"}],
+        "edit_distance": 1,
+    }
+    assert strip_content(metadata, include_content=True) is metadata
+
+
+def test_credentials_are_masked_in_log_records(caplog):
+    logger = logging.getLogger("stepwatch.test.secrets")
+    logger.addFilter(SecretsLogFilter())
+    with caplog.at_level(logging.INFO, logger="stepwatch.test.secrets"):
+        logger.info("headers: %s", {"authorization": "Bearer abc.def-123"})
+    assert "abc.def-123" not in caplog.text
+    assert "Bearer [REDACTED]" in caplog.text
+    assert scrub_secrets("Basic dXNlcjpwdw==") == "Basic [REDACTED]"
+
+
+def test_same_trace_id_from_two_tenants_is_two_partition_keys():
+    a = partition_key(Tenant("team-a"), "trace", "ab" * 16)
+    b = partition_key(Tenant("team-b"), "trace", "ab" * 16)
+    assert a != b and {a: 1, b: 2}[a] == 1
+
+
+def test_per_tenant_values_never_fall_back_to_another_tenant():
+    stores = PerTenant({"team-a": {"task": "A's expectation"}})
+    assert stores.get(Tenant("team-a")) == {"task": "A's expectation"}
+    assert stores.get(Tenant("team-b")) is None
+    assert stores.get(DEFAULT_TENANT) is None
+
+
+def test_tenant_policy_labels_privacy_and_expectation_files():
+    off = TenantPolicy(SecurityConfig(), default_expectations_file=Path("exp.yaml"))
+    assert off.metric_labels(DEFAULT_TENANT) == {}
+    assert off.expectations_files() == {"default": Path("exp.yaml")}
+
+    cfg = SecurityConfig(
+        privacy=PrivacyConfig(include_content=False),
+        tenancy=TenancyConfig(
+            enabled=True,
+            tenants={
+                "team-a": TenantConfig(
+                    expectations_file=Path("a.yaml"), privacy=PrivacyConfig(include_content=True)
+                ),
+                "team-b": TenantConfig(expectations_file=Path("b.yaml")),
+            },
+        ),
+    )
+    on = TenantPolicy(cfg, default_expectations_file=Path("exp.yaml"))
+    assert on.metric_labels(Tenant("team-a")) == {"tenant": "team-a"}
+    assert on.privacy(Tenant("team-a")).include_content is True
+    assert on.privacy(Tenant("team-b")).include_content is False
+    assert on.expectations_files() == {
+        "default": Path("exp.yaml"),
+        "team-a": Path("a.yaml"),
+        "team-b": Path("b.yaml"),
+    }
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"receivers_tls": {"cert_file": "c.pem"}}, "cert_file and key_file must be set together"),
+        ({"receivers_tls": {"client_ca_file": "ca.pem"}}, "client_ca_file"),
+        ({"receivers_tls": {"cert_file": "c", "key_file": "k", "min_version": "1.1"}}, "min_version"),
+        ({"tenancy": {"tenants": {"bad name!": {}}}}, "tenant name"),
+        ({"limits": {"max_spans_per_request": 0}}, "max_spans_per_request"),
+        ({"auth": {"token_file": "t.yaml"}}, "token_file"),
+    ],
+)
+def test_bad_security_config_names_the_key(data, message):
+    with pytest.raises(ValidationError, match=message):
+        SecurityConfig.model_validate(data)
+
+
+def test_defaults_are_valid_and_conservative():
+    cfg = SecurityConfig()
+    assert not cfg.receivers_tls.enabled and not cfg.tenancy.enabled
+    assert cfg.privacy.include_content is False
+    assert TLSServerConfig().min_version == "1.2"
