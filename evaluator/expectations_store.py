@@ -1,0 +1,165 @@
+"""The expectations document (`tasks:` -> Expectation per task key): parsing, validation, lookup.
+
+Errors name the task key and the field (`task 'refund-order': expected_steps[1]: ...`) so a user
+can fix the file from one line. A store is immutable; reloading builds a new one and swaps it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from .expectation import Expectation
+from .rules import MaxSteps, MustCall, MustNotCall
+
+_RULE_MODELS = {"must_call": MustCall, "must_not_call": MustNotCall, "max_steps": MaxSteps}
+_RULE_KEYS = tuple(_RULE_MODELS)
+
+
+class ExpectationsError(ValueError):
+    """The document is invalid; one line per problem."""
+
+
+class ExpectationsStore:
+    """Task key -> Expectation, immutable."""
+
+    def __init__(self, tasks: Mapping[str, Expectation] | None = None, source: str = "", digest: str = ""):
+        self._tasks: Mapping[str, Expectation] = MappingProxyType(dict(tasks or {}))
+        self.source = source
+        self.digest = digest
+        """Content hash of the file it came from (empty for an in-memory store)."""
+
+    def get(self, task_key: str | None) -> Expectation | None:
+        return self._tasks.get(task_key) if task_key is not None else None
+
+    def __contains__(self, task_key: object) -> bool:
+        return task_key in self._tasks
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    @property
+    def task_keys(self) -> tuple[str, ...]:
+        return tuple(self._tasks)
+
+
+def parse_expectations(
+    text: str,
+    source: str = "<expectations>",
+    check_scorers: Callable[[Iterable[str]], None] | None = None,
+) -> ExpectationsStore:
+    """Parse a YAML or JSON expectations document; ExpectationsError names task key and field.
+
+    `check_scorers` (e.g. `ScorerRegistry.check_names`) validates explicit `scorers:` lists.
+    """
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ExpectationsError(
+            f"{source}: not valid YAML/JSON{where}: {getattr(exc, 'problem', exc)}"
+        ) from None
+    if document is None:
+        document = {"tasks": {}}
+    if not isinstance(document, dict):
+        raise ExpectationsError(f"{source}: the top level must be a mapping with `tasks:`")
+    unknown = sorted(set(document) - {"tasks"})
+    if unknown:
+        raise ExpectationsError(
+            f"{source}: unknown top-level key(s) {', '.join(map(repr, unknown))}; expected `tasks:`"
+        )
+    tasks = document.get("tasks") or {}
+    if not isinstance(tasks, dict):
+        raise ExpectationsError(f"{source}: `tasks` must map task keys to expectations")
+    parsed: dict[str, Expectation] = {}
+    problems: list[str] = []
+    for key, body in tasks.items():
+        task = str(key)
+        if body is None:
+            body = {}
+        if not isinstance(body, dict):
+            problems.append(
+                f"{source}: task {task!r}: must be a mapping of fields, got {type(body).__name__}"
+            )
+            continue
+        rule_problems = _check_rules(body.get("rules"))
+        if rule_problems:
+            problems.extend(f"{source}: task {task!r}: {line}" for line in rule_problems)
+            continue
+        try:
+            expectation = Expectation.model_validate(body)
+        except ValidationError as exc:
+            problems.extend(f"{source}: task {task!r}: {line}" for line in _lines(exc))
+            continue
+        if check_scorers is not None and expectation.scorers is not None:
+            try:
+                check_scorers(expectation.scorers)
+            except ValueError as exc:
+                problems.append(f"{source}: task {task!r}: scorers: {exc}")
+                continue
+        parsed[task] = expectation
+    if problems:
+        raise ExpectationsError("\n".join(problems))
+    return ExpectationsStore(parsed, source, hashlib.sha256(text.encode()).hexdigest()[:16])
+
+
+def load_expectations(
+    path: Path, check_scorers: Callable[[Iterable[str]], None] | None = None
+) -> ExpectationsStore:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ExpectationsError(f"{path}: cannot read expectations file: {exc.strerror or exc}") from None
+    return parse_expectations(text, str(path), check_scorers)
+
+
+def _check_rules(rules: Any) -> list[str]:
+    """Which rule a mapping is comes from its key; validate it as that rule, not as a 3-way union."""
+    if rules is None:
+        return []
+    if not isinstance(rules, list):
+        return ["rules: must be a list of rules"]
+    problems: list[str] = []
+    for index, rule in enumerate(rules):
+        if not isinstance(rule, dict) or sum(key in rule for key in _RULE_KEYS) != 1:
+            got = json.dumps(rule, default=str)[:80]
+            problems.append(f"rules[{index}]: a rule needs exactly one of {', '.join(_RULE_KEYS)}, got {got}")
+            continue
+        model = next(_RULE_MODELS[key] for key in _RULE_KEYS if key in rule)
+        try:
+            model.model_validate(rule)
+        except ValidationError as exc:
+            problems.extend(f"rules[{index}].{line}" for line in _lines(exc))
+    return problems
+
+
+def _lines(exc: ValidationError) -> list[str]:
+    out: list[str] = []
+    for error in exc.errors():
+        parts: list[str] = []
+        for part in error["loc"]:
+            if isinstance(part, int):
+                parts.append(f"[{part}]")
+            elif part[:1].isupper() or part in ("str", "list[str]"):  # union member names
+                continue
+            else:
+                parts.append(f".{part}" if parts else part)
+        where = "".join(parts)
+        message = error["msg"].removeprefix("Value error, ")
+        line = f"{where}: {message}" if where else message
+        if error["type"] == "extra_forbidden":
+            line = f"{where}: unknown field"
+        if line not in out:
+            out.append(line)
+    # a nested error ("expected_steps[1][1]") makes its parent's ("expected_steps[1]") redundant
+    return [
+        line for line in out if not any(o != line and o.startswith(line.split(": ")[0] + "[") for o in out)
+    ]

@@ -1,0 +1,255 @@
+"""Prometheus: score metrics (an exporter of ScoreEvents), ingest/buffer metrics, and the HTTP
+endpoint serving /metrics, /healthz and /readyz. Names are the contract in docs/metrics.md.
+
+Everything lives in this exporter's own CollectorRegistry (no global state). Span accounting is
+read from plain counters at scrape time, so ingest never touches a metric object per span.
+`task_key` label values are bounded: unregistered keys, and registered keys beyond
+`max_task_keys`, share the value `unregistered`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+
+from stepwatch.evaluator.accounting import SpanAccounting
+
+from .base import ScoreEvent
+
+UNREGISTERED = "unregistered"
+SCORE_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 2.5, 3.0, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+@dataclass(frozen=True, slots=True)
+class BufferGauges:
+    buffered_spans: int
+    buffered_spans_limit: int
+    open_partitions: dict[str, int]
+    retained_spans: int
+
+
+class _IngestCollector(Collector):
+    """Ingest and buffering families, computed from the live counters at scrape time."""
+
+    def __init__(
+        self,
+        accounting: SpanAccounting,
+        gauges: Callable[[], BufferGauges],
+        dropped: Callable[[], dict[str, int]],
+    ) -> None:
+        self._acc = accounting
+        self._gauges = gauges
+        self._dropped = dropped
+
+    def collect(self) -> Iterator[Metric]:
+        acc = self._acc
+        received = CounterMetricFamily(
+            "stepwatch_spans_received", "Spans received in requests that decoded.", labels=["protocol"]
+        )
+        for protocol in ("grpc", "http", *sorted(set(acc.received) - {"grpc", "http"})):
+            received.add_metric([protocol], acc.received.get(protocol, 0))
+        yield received
+        rejected = CounterMetricFamily(
+            "stepwatch_spans_rejected", "Spans refused, by reason.", labels=["reason"]
+        )
+        for reason, count in sorted(acc.rejected.items()):
+            rejected.add_metric([reason], count)
+        yield rejected
+        requests = CounterMetricFamily(
+            "stepwatch_requests_rejected",
+            "Whole requests refused before their spans could be counted (decode, too_large, media_type).",
+            labels=["reason"],
+        )
+        for reason, count in sorted(acc.requests_rejected.items()):
+            requests.add_metric([reason], count)
+        yield requests
+        yield CounterMetricFamily(
+            "stepwatch_spans_late", "Spans that arrived after their partition closed.", value=acc.late
+        )
+        yield CounterMetricFamily(
+            "stepwatch_spans_scored", "Spans scored in a partition's first revision.", value=acc.scored
+        )
+        closed = CounterMetricFamily(
+            "stepwatch_partitions_closed",
+            "Partitions closed and scored.",
+            labels=["partition_type", "reason"],
+        )
+        for (partition_type, reason), count in sorted(acc.closed.items()):
+            closed.add_metric([partition_type, reason], count)
+        yield closed
+        unmatched = CounterMetricFamily(
+            "stepwatch_partitions_unmatched",
+            "Partitions with no registered expectation.",
+            labels=["partition_type"],
+        )
+        for partition_type in ("trace", "session"):
+            unmatched.add_metric([partition_type], acc.unmatched.get(partition_type, 0))
+        yield unmatched
+        gauges = self._gauges()
+        yield GaugeMetricFamily(
+            "stepwatch_buffered_spans",
+            "Spans in open partitions or awaiting scoring.",
+            value=gauges.buffered_spans,
+        )
+        yield GaugeMetricFamily(
+            "stepwatch_buffered_spans_limit", "buffer.max_buffered_spans.", value=gauges.buffered_spans_limit
+        )
+        partitions = GaugeMetricFamily(
+            "stepwatch_buffered_partitions", "Open partitions.", labels=["partition_type"]
+        )
+        for partition_type, count in sorted(gauges.open_partitions.items()):
+            partitions.add_metric([partition_type], count)
+        yield partitions
+        yield GaugeMetricFamily(
+            "stepwatch_retained_spans",
+            "Spans of closed partitions kept for late-span revisions.",
+            value=gauges.retained_spans,
+        )
+        dropped = CounterMetricFamily(
+            "stepwatch_exporter_queue_dropped",
+            "Score events an exporter could not take.",
+            labels=["exporter"],
+        )
+        for name, count in sorted(self._dropped().items()):
+            dropped.add_metric([name], count)
+        yield dropped
+
+
+class PrometheusExporter:
+    """Score metrics from ScoreEvents, plus the service's ingest metrics, in one own registry."""
+
+    name = "prometheus"
+
+    def __init__(
+        self,
+        max_task_keys: int,
+        registered: Callable[[str], bool],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.registry = CollectorRegistry()
+        self._max_task_keys = max_task_keys
+        self._registered = registered
+        self._clock = clock
+        self._task_labels: set[str] = set()
+        labels = ["metric", "task_key", "partition_type"]
+        self.last_score = Gauge(
+            "stepwatch_evaluation_last_score", "The latest score.", labels, registry=self.registry
+        )
+        self.score = Histogram(
+            "stepwatch_evaluation_score", "The scores.", labels, buckets=SCORE_BUCKETS, registry=self.registry
+        )
+        self.evaluations = Counter(
+            "stepwatch_evaluations", "Evaluations by outcome.", [*labels, "outcome"], registry=self.registry
+        )
+        self.score_latency = Histogram(
+            "stepwatch_score_latency_seconds",
+            "Last span arrival to score emitted.",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.reloads = Counter(
+            "stepwatch_expectations_reloads", "Expectations file reloads.", ["result"], registry=self.registry
+        )
+        self.expectations_valid = Gauge(
+            "stepwatch_expectations_valid",
+            "1 when the expectations file on disk is the one in use, 0 after a rejected edit.",
+            registry=self.registry,
+        )
+        self.expectations_valid.set(1)
+        for result in ("ok", "error"):
+            self.reloads.labels(result)
+
+    def watch_ingest(
+        self,
+        accounting: SpanAccounting,
+        gauges: Callable[[], BufferGauges],
+        dropped: Callable[[], dict[str, int]],
+    ) -> None:
+        """Expose the span accounting and buffer gauges (read at scrape time)."""
+        self.registry.register(_IngestCollector(accounting, gauges, dropped))
+
+    def task_label(self, task_key: str | None) -> str:
+        """The bounded label value for a task key."""
+        if task_key is None or not self._registered(task_key):
+            return UNREGISTERED
+        if task_key in self._task_labels:
+            return task_key
+        if len(self._task_labels) >= self._max_task_keys:
+            return UNREGISTERED
+        self._task_labels.add(task_key)
+        return task_key
+
+    def expectations_reloaded(self, ok: bool) -> None:
+        self.reloads.labels("ok" if ok else "error").inc()
+        self.expectations_valid.set(1 if ok else 0)
+
+    async def start(self) -> None:
+        return None
+
+    async def export(self, events: Sequence[ScoreEvent]) -> None:
+        now = self._clock()
+        for event in events:
+            task = self.task_label(event.task_key)
+            for result in event.results:
+                labels = (result.metric, task, event.partition_type)
+                self.evaluations.labels(*labels, result.outcome).inc()
+                if result.score is not None:
+                    self.last_score.labels(*labels).set(result.score)
+                    self.score.labels(*labels).observe(result.score)
+            if event.last_span_monotonic:
+                self.score_latency.observe(max(0.0, now - event.last_span_monotonic))
+
+    async def shutdown(self) -> None:
+        return None
+
+
+class MetricsServer:
+    """HTTP endpoint: /metrics (Prometheus text), /healthz (alive), /readyz (ready to take traffic)."""
+
+    def __init__(self, registry: CollectorRegistry, host: str, port: int, ready: Callable[[], bool]) -> None:
+        self._registry = registry
+        self._host = host
+        self._port = port
+        self._ready = ready
+        self._runner: web.AppRunner | None = None
+        self.port = port
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        if sockets:
+            self.port = sockets[0].getsockname()[1]
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = await asyncio.to_thread(generate_latest, self._registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        if self._ready():
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="not ready\n")
+
+    async def shutdown(self) -> None:
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()

@@ -1,0 +1,124 @@
+"""OTLP/gRPC receiver (TraceService/Export) on grpc.aio; answers per the OTLP specification.
+
+- request that does not parse: INVALID_ARGUMENT (not retryable);
+- request over `max_recv_message_bytes` (also after gzip): RESOURCE_EXHAUSTED from gRPC itself,
+  without RetryInfo, so clients do not retry it;
+- spans invalid on their own: OK with partial_success (rejected_spans, error_message), the valid
+  spans of the request are kept;
+- buffer full: RESOURCE_EXHAUSTED *with* google.rpc.RetryInfo (retryable per OTLP), nothing taken;
+- shutting down: UNAVAILABLE with RetryInfo.
+RetryInfo travels both in `grpc-status-details-bin` (google.rpc.Status details) and in the
+`google.rpc.retryinfo-bin` trailer that the OpenTelemetry Python exporter reads.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.protobuf.message import DecodeError
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from stepwatch.evaluator.accounting import SpanAccounting
+
+from .ingest import IngestResult, SpanSink
+
+log = logging.getLogger(__name__)
+
+SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+PROTOCOL = "grpc"
+
+
+def retry_trailers(code: int, message: str, retry_after: float) -> tuple[tuple[str, bytes | str], ...]:
+    """Trailing metadata carrying a google.rpc.Status with RetryInfo, plus the bare RetryInfo."""
+    seconds = int(retry_after)
+    info = error_details_pb2.RetryInfo(
+        retry_delay=duration_pb2.Duration(seconds=seconds, nanos=int((retry_after - seconds) * 1e9))
+    )
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    status = rpc_status.to_status(status_pb2.Status(code=code, message=message, details=[detail]))
+    return (*status.trailing_metadata, ("google.rpc.retryinfo-bin", info.SerializeToString()))
+
+
+class OtlpGrpcReceiver:
+    """Binds `host:port`, hands each decoded request to the SpanSink, maps the outcome to gRPC."""
+
+    def __init__(
+        self,
+        sink: SpanSink,
+        accounting: SpanAccounting,
+        host: str,
+        port: int,
+        max_recv_message_bytes: int = 4 * 2**20,
+        max_concurrent_rpcs: int | None = None,
+    ) -> None:
+        self._sink = sink
+        self._accounting = accounting
+        self._address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self._max_recv = max_recv_message_bytes
+        self._max_rpcs = max_concurrent_rpcs
+        self._server: grpc.aio.Server | None = None
+        self.port = port
+
+    async def start(self) -> None:
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", self._max_recv),
+                ("grpc.so_reuseport", 0),
+            ],
+            maximum_concurrent_rpcs=self._max_rpcs,
+        )
+        handler = grpc.unary_unary_rpc_method_handler(self._export)  # raw bytes in and out
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Export": handler}),))
+        port = server.add_insecure_port(self._address)
+        if port == 0:
+            raise OSError(f"OTLP/gRPC receiver cannot bind {self._address}")
+        self.port = port
+        await server.start()
+        self._server = server
+
+    async def _export(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            request = ExportTraceServiceRequest.FromString(data)
+        except DecodeError as exc:
+            self._accounting.requests_rejected["decode"] += 1
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"request is not a valid OTLP ExportTraceServiceRequest ({exc})",
+            )
+        result = self._sink.consume(request, PROTOCOL)
+        return await self._answer(result, context)
+
+    async def _answer(self, result: IngestResult, context: grpc.aio.ServicerContext) -> bytes:
+        if result.unavailable:
+            message = "the service is shutting down; retry on another instance"
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                message,
+                trailing_metadata=retry_trailers(code_pb2.UNAVAILABLE, message, 1.0),
+            )
+        if result.retry_after is not None:
+            message = "span buffer is full (buffer.max_buffered_spans); retry after the delay in RetryInfo"
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                message,
+                trailing_metadata=retry_trailers(code_pb2.RESOURCE_EXHAUSTED, message, result.retry_after),
+            )
+        response = ExportTraceServiceResponse()
+        if result.rejected or result.error_message:
+            response.partial_success.rejected_spans = result.rejected
+            response.partial_success.error_message = result.error_message
+        return response.SerializeToString()
+
+    async def shutdown(self, grace: float = 5.0) -> None:
+        """Stop accepting calls, let calls in flight finish (up to `grace` seconds)."""
+        if self._server is not None:
+            server, self._server = self._server, None
+            await server.stop(grace)

@@ -1,0 +1,214 @@
+"""OTLP/HTTP receiver: POST /v1/traces with protobuf or JSON bodies, optionally gzip-compressed.
+
+Responses follow the OTLP specification and use the request's Content-Type: 200 with an
+ExportTraceServiceResponse (partial_success when spans were rejected), 400 with a google.rpc.Status
+for bad data, 413 over `max_body_bytes` (checked on the wire and again while decompressing),
+415 for an unsupported Content-Type or Content-Encoding, 429 + Retry-After when the buffer is full,
+503 + Retry-After while shutting down.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import zlib
+from typing import Any
+
+from aiohttp import web
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError, Message
+from google.rpc import code_pb2, status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from stepwatch.evaluator.accounting import SpanAccounting
+
+from .ingest import SpanSink
+
+PROTOCOL = "http"
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+_HEX = frozenset("0123456789abcdefABCDEF")
+_ID_FIELDS = ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id")
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class BadRequest(Exception):
+    pass
+
+
+def _id_to_base64(raw: Any) -> Any:
+    """OTLP/JSON ids are hex; protobuf's JSON mapping wants base64. Accept both, keep bad ones bad."""
+    if not isinstance(raw, str):
+        return raw
+    if raw and len(raw) % 2 == 0 and set(raw) <= _HEX and len(raw) in (16, 32):
+        data = bytes.fromhex(raw)
+    else:
+        try:
+            data = base64.b64decode(raw, validate=True)
+        except (binascii.Error, ValueError):
+            data = b"\x00"  # wrong length on purpose: per-span validation rejects it with a reason
+    return base64.b64encode(data).decode("ascii")
+
+
+def _fix_ids(span: Any) -> None:
+    if not isinstance(span, dict):
+        return
+    for key in _ID_FIELDS:
+        if key in span:
+            span[key] = _id_to_base64(span[key])
+    for link in span.get("links") or []:
+        if isinstance(link, dict):
+            for key in _ID_FIELDS:
+                if key in link:
+                    link[key] = _id_to_base64(link[key])
+
+
+def request_from_json(body: bytes) -> ExportTraceServiceRequest:
+    """OTLP/JSON -> ExportTraceServiceRequest (unknown fields ignored); BadRequest says why not."""
+    try:
+        document = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise BadRequest("OTLP/JSON body must be an object with resourceSpans")
+    for resource_spans in document.get("resourceSpans") or document.get("resource_spans") or []:
+        if not isinstance(resource_spans, dict):
+            continue
+        for scope_spans in resource_spans.get("scopeSpans") or resource_spans.get("scope_spans") or []:
+            if isinstance(scope_spans, dict):
+                for span in scope_spans.get("spans") or []:
+                    _fix_ids(span)
+    try:
+        return json_format.ParseDict(document, ExportTraceServiceRequest(), ignore_unknown_fields=True)
+    except (json_format.ParseError, TypeError, ValueError) as exc:
+        raise BadRequest(f"not an OTLP/JSON ExportTraceServiceRequest: {exc}") from None
+
+
+def _gunzip(data: bytes, limit: int) -> bytes:
+    """Decompress gzip, refusing to expand past `limit` bytes (a zip bomb costs nothing)."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(data, limit + 1)
+    except zlib.error as exc:
+        raise BadRequest(f"body is not valid gzip: {exc}") from None
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise BodyTooLarge(f"decompressed body exceeds {limit} bytes")
+    if not inflater.eof:
+        raise BadRequest("gzip body is truncated")
+    return out
+
+
+class OtlpHttpReceiver:
+    """aiohttp server for POST /v1/traces."""
+
+    def __init__(
+        self,
+        sink: SpanSink,
+        accounting: SpanAccounting,
+        host: str,
+        port: int,
+        max_body_bytes: int = 20 * 2**20,
+    ) -> None:
+        self._sink = sink
+        self._accounting = accounting
+        self._host = host
+        self._port = port
+        self._max = max_body_bytes
+        self._runner: web.AppRunner | None = None
+        self.port = port
+
+    async def start(self) -> None:
+        app = web.Application(client_max_size=self._max + 1)
+        app.router.add_post("/v1/traces", self._traces)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, auto_decompress=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True)
+        await site.start()
+        sockets = getattr(site._server, "sockets", None) or []
+        if sockets:
+            self.port = sockets[0].getsockname()[1]
+
+    async def shutdown(self) -> None:
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    async def _traces(self, request: web.Request) -> web.Response:
+        media = request.content_type
+        if media not in (PROTOBUF, JSON):
+            self._accounting.requests_rejected["media_type"] += 1
+            return _status(
+                415,
+                code_pb2.INVALID_ARGUMENT,
+                f"unsupported Content-Type {media!r}; use {PROTOBUF} or {JSON}",
+                JSON,
+            )
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("identity", "gzip", ""):
+            self._accounting.requests_rejected["media_type"] += 1
+            return _status(
+                415, code_pb2.INVALID_ARGUMENT, f"unsupported Content-Encoding {encoding!r}; use gzip", media
+            )
+        try:
+            body = await self._read(request)
+            if encoding == "gzip":
+                body = _gunzip(body, self._max)
+            if media == PROTOBUF:
+                try:
+                    otlp = ExportTraceServiceRequest.FromString(body)
+                except DecodeError as exc:
+                    raise BadRequest(f"body is not a valid OTLP ExportTraceServiceRequest ({exc})") from None
+            else:
+                otlp = request_from_json(body)
+        except BodyTooLarge as exc:
+            self._accounting.requests_rejected["too_large"] += 1
+            return _status(413, code_pb2.RESOURCE_EXHAUSTED, f"{exc} (receivers.http.max_body_bytes)", media)
+        except BadRequest as exc:
+            self._accounting.requests_rejected["decode"] += 1
+            return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), media)
+        result = self._sink.consume(otlp, PROTOCOL)
+        if result.unavailable:
+            return _status(503, code_pb2.UNAVAILABLE, "the service is shutting down", media, retry_after=1.0)
+        if result.retry_after is not None:
+            message = "span buffer is full (buffer.max_buffered_spans); retry after Retry-After seconds"
+            return _status(429, code_pb2.RESOURCE_EXHAUSTED, message, media, retry_after=result.retry_after)
+        response = ExportTraceServiceResponse()
+        if result.rejected or result.error_message:
+            response.partial_success.rejected_spans = result.rejected
+            response.partial_success.error_message = result.error_message
+        return _message(200, response, media)
+
+    async def _read(self, request: web.Request) -> bytes:
+        if request.content_length is not None and request.content_length > self._max:
+            raise BodyTooLarge(f"body of {request.content_length} bytes exceeds {self._max} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.content.iter_chunked(1 << 16):
+            size += len(chunk)
+            if size > self._max:
+                raise BodyTooLarge(f"body exceeds {self._max} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def _message(
+    status: int, message: Message, media: str, headers: dict[str, str] | None = None
+) -> web.Response:
+    if media == JSON:
+        body = json.dumps(json_format.MessageToDict(message)).encode()
+    else:
+        body = message.SerializeToString()
+    return web.Response(status=status, body=body, content_type=media, headers=headers)
+
+
+def _status(status: int, code: int, text: str, media: str, retry_after: float | None = None) -> web.Response:
+    headers = {"Retry-After": str(max(1, math.ceil(retry_after)))} if retry_after is not None else None
+    return _message(status, status_pb2.Status(code=code, message=text), media, headers)

@@ -1,0 +1,187 @@
+"""The hot path from a decoded OTLP request to the buffer, and back from buffered records to Spans.
+
+Ingest reads only what validation and close detection need (ids, parent presence, name, end time
+of root spans) and keeps each valid span as its encoded bytes; attributes are decoded once, when
+its partition closes, on the scoring worker (`decode_records`), by the same decoder the offline
+CLI uses, so streaming and offline scores agree.
+
+Every receiver (gRPC, HTTP, Kafka, a WAL replay) turns its wire bytes into an
+`ExportTraceServiceRequest` and calls `SpanSink.consume`; the `IngestResult` says what to answer.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from stepwatch.evaluator.accounting import SpanAccounting
+from stepwatch.evaluator.buffer import ROOT_ENDED, Admission, SpanRecord
+from stepwatch.evaluator.model import Span
+
+from .otlp_proto import decode_request_bytes, span_rejection
+
+_ZERO_TRACE_ID = bytes(16)
+_ZERO_SPAN_ID = bytes(8)
+
+
+@dataclass(slots=True)
+class IngestResult:
+    """What a receiver answers for one request."""
+
+    accepted: int = 0
+    rejected: int = 0
+    """Spans refused on their own (partial success)."""
+    error_message: str = ""
+    """For OTLP partial_success: why spans were rejected, or a warning (e.g. duplicates)."""
+    retry_after: float | None = None
+    """Set when nothing was taken because the buffer is full: answer RESOURCE_EXHAUSTED/429."""
+    unavailable: bool = False
+    """Nothing was taken because the service is shutting down: answer UNAVAILABLE/503."""
+
+
+class SpanSink(Protocol):
+    """What every receiver calls with each decoded request. Must not block (runs on the event loop)."""
+
+    def consume(self, request: ExportTraceServiceRequest, protocol: str) -> IngestResult: ...
+
+
+class BufferTarget(Protocol):
+    def offer(self, records: Sequence[SpanRecord]) -> Admission: ...
+
+
+def split_request(
+    request: ExportTraceServiceRequest,
+) -> tuple[list[SpanRecord], Counter[str], dict[str, str], int]:
+    """(valid span records, rejections by reason, first detail per reason, total spans)."""
+    records: list[SpanRecord] = []
+    append = records.append
+    rejected: Counter[str] = Counter()
+    details: dict[str, str] = {}
+    total = 0
+    zero_trace, zero_span = _ZERO_TRACE_ID, _ZERO_SPAN_ID
+    for resource_spans in request.resource_spans:
+        resource = resource_spans.resource.SerializeToString()
+        for scope_spans in resource_spans.scope_spans:
+            origin = (resource, scope_spans.scope.SerializeToString())
+            spans = scope_spans.spans
+            total += len(spans)
+            for span in spans:
+                trace_id = span.trace_id
+                span_id = span.span_id
+                parent = span.parent_span_id
+                if (
+                    len(trace_id) == 16
+                    and len(span_id) == 8
+                    and (not parent or len(parent) == 8)
+                    and trace_id != zero_trace
+                    and span_id != zero_span
+                    and span.name
+                ):
+                    flags = ROOT_ENDED if not parent and span.end_time_unix_nano else 0
+                    append((trace_id, span_id, flags, span.SerializeToString(), origin))
+                    continue
+                problem = span_rejection(trace_id, span_id, parent, span.name)
+                reason, detail = problem if problem is not None else ("invalid_span", "invalid span")
+                rejected[reason] += 1
+                if reason not in details:
+                    who = f"span {span.name!r}" if span.name else "unnamed span"
+                    details[reason] = f"{who}: {detail}"
+    return records, rejected, details, total
+
+
+@dataclass(slots=True)
+class Ingestor:
+    """The SpanSink of the service: validates, accounts, offers to the buffer, says what to answer."""
+
+    buffer: BufferTarget
+    accounting: SpanAccounting
+    retry_after: float
+    limits_note: str = ""
+    closing: bool = False
+    on_accept: Callable[[], None] | None = field(default=None, repr=False)
+
+    def consume(self, request: ExportTraceServiceRequest, protocol: str) -> IngestResult:
+        records, rejected, details, total = split_request(request)
+        acc = self.accounting
+        acc.received[protocol] += total
+        result = IngestResult()
+        if rejected:
+            acc.rejected.update(rejected)
+            result.rejected = sum(rejected.values())
+        if self.closing and records:
+            acc.rejected["shutting_down"] += len(records)
+            result.unavailable = True
+            return result
+        if records:
+            admission = self.buffer.offer(records)
+            if admission.full:
+                acc.rejected["buffer_full"] += len(records)
+                result.retry_after = self.retry_after
+                return result
+            if admission.limit:
+                rejected["limit"] += admission.limit
+                details["limit"] = f"its partition was closed early at a size limit ({self.limits_note})"
+                result.rejected += admission.limit
+            result.accepted = admission.accepted + admission.late
+            if admission.duplicates:
+                details["duplicate"] = (
+                    f"{admission.duplicates} duplicate span(s) already received were ignored"
+                )
+        result.error_message = _message(rejected, details)
+        return result
+
+
+def _message(rejected: Counter[str], details: dict[str, str]) -> str:
+    parts = [f"{count} {reason} ({details.get(reason, reason)})" for reason, count in rejected.items()]
+    text = f"{sum(rejected.values())} span(s) rejected: " + "; ".join(parts) if parts else ""
+    if "duplicate" in details:
+        text = f"{text}; {details['duplicate']}" if text else details["duplicate"]
+    return text
+
+
+# -- close time: records back to canonical Spans --------------------------------------------------
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return bytes(((number << 3) | 2,)) + _varint(len(payload)) + payload
+
+
+def records_to_request_bytes(records: Sequence[SpanRecord]) -> bytes:
+    """Re-assemble an encoded ExportTraceServiceRequest from records, keeping their order.
+
+    Consecutive records of one (resource, scope) share a ResourceSpans, so resource attributes are
+    decoded once per run, as with the original request.
+    """
+    out: list[bytes] = []
+    i = 0
+    n = len(records)
+    while i < n:
+        origin = records[i][4]
+        j = i
+        payloads: list[bytes] = []
+        while j < n and records[j][4] is origin:
+            payloads.append(_field(2, records[j][3]))
+            j += 1
+        resource, scope = origin  # type: ignore[misc]
+        scope_spans = _field(1, scope) + b"".join(payloads)
+        out.append(_field(1, _field(1, resource) + _field(2, scope_spans)))
+        i = j
+    return b"".join(out)
+
+
+def decode_records(records: Sequence[SpanRecord]) -> list[Span]:
+    """Canonical Spans of buffered records (`seq` = their buffer order), via the OTLP decoder."""
+    return decode_request_bytes(records_to_request_bytes(records)).spans

@@ -1,0 +1,95 @@
+"""`stepwatch serve`: run the streaming evaluator (OTLP/gRPC, OTLP/HTTP, Prometheus) until SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "Run the streaming evaluator: OTLP receivers in, scores out (Prometheus /metrics)."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML config file (default: $STEPWATCH_CONFIG, else built-in defaults)",
+    )
+    parser.add_argument(
+        "--grpc-endpoint", metavar="HOST:PORT", help="OTLP/gRPC bind address (default localhost:4317)"
+    )
+    parser.add_argument(
+        "--http-endpoint", metavar="HOST:PORT", help="OTLP/HTTP bind address (default localhost:4318)"
+    )
+    parser.add_argument(
+        "--metrics-endpoint",
+        metavar="HOST:PORT",
+        help="/metrics, /healthz, /readyz bind address (default localhost:9464)",
+    )
+    parser.add_argument(
+        "--expectations", metavar="FILE", help="expectations file (YAML or JSON), watched for changes"
+    )
+    parser.add_argument(
+        "--trace-idle-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="close a trace this long after its last span",
+    )
+    parser.add_argument(
+        "--session-idle-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="close a session this long after its last span",
+    )
+    parser.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="logging level")
+
+
+def flag_overrides(args: argparse.Namespace) -> dict[str, tuple[object, str]]:
+    """Flags as config keys (with the flag name, for error messages); unset flags are None."""
+    return {
+        "receivers.grpc.endpoint": (args.grpc_endpoint, "--grpc-endpoint"),
+        "receivers.http.endpoint": (args.http_endpoint, "--http-endpoint"),
+        "exporters.prometheus.endpoint": (args.metrics_endpoint, "--metrics-endpoint"),
+        "expectations.file": (args.expectations, "--expectations"),
+        "buffer.trace_idle_timeout": (args.trace_idle_timeout, "--trace-idle-timeout"),
+        "buffer.session_idle_timeout": (args.session_idle_timeout, "--session-idle-timeout"),
+        "logging.level": (getattr(args, "log_level", None), "--log-level"),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    import signal
+    from pathlib import Path
+
+    from stepwatch.cli import UsageError
+    from stepwatch.config import ConfigError, load_config
+    from stepwatch.evaluator.expectations_store import ExpectationsError
+
+    try:
+        config = load_config(Path(args.config) if args.config else None, flags=flag_overrides(args))
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    logging.basicConfig(level=config.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    async def main() -> int:
+        from stepwatch.service import Service
+
+        try:
+            service = Service(config)
+        except ExpectationsError as exc:
+            raise UsageError(str(exc)) from None
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await service.start()
+        except OSError as exc:
+            await service.shutdown()
+            raise UsageError(f"cannot start: {exc}") from None
+        await stop.wait()
+        logging.getLogger("stepwatch").info("signal received: draining")
+        await service.shutdown()
+        return 0
+
+    return asyncio.run(main())

@@ -1,0 +1,332 @@
+"""The service configuration: one pydantic model per component, composed into `ServiceConfig`.
+
+Sources, highest precedence first: command-line flags > environment (`STEPWATCH_<SECTION>__<FIELD>`,
+nested sections joined by `__`, values read as YAML scalars) > the YAML file > defaults. Every
+section forbids unknown keys, so a typo is an error naming the key and where it came from.
+Later components add their own section model here (e.g. `exporters.kafka`, `receivers.kafka`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from stepwatch.evaluator.buffer import BufferLimits
+from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES
+
+ENV_PREFIX = "STEPWATCH_"
+ENV_CONFIG_FILE = "STEPWATCH_CONFIG"
+"""Environment variable naming the config file (the `--config` flag wins)."""
+
+_ENDPOINT = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[^:\[\]\s]*):(?P<port>\d{1,5})$")
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def parse_endpoint(value: str) -> tuple[str, int]:
+    """`HOST:PORT` (IPv6 in brackets) -> (host, port); ValueError naming the problem."""
+    match = _ENDPOINT.match(value)
+    if match is None:
+        raise ValueError(f"endpoint {value!r} must be HOST:PORT (IPv6 as [::1]:PORT)")
+    port = int(match["port"])
+    if port > 65535:
+        raise ValueError(f"endpoint {value!r}: port {port} is out of range 0-65535")
+    return match["host"].strip("[]") or "0.0.0.0", port
+
+
+class _Endpoint(Section):
+    enabled: bool = Field(default=True, description="Start this listener.")
+    endpoint: str = Field(description="HOST:PORT to bind; port 0 picks a free port.")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _valid_endpoint(cls, value: str) -> str:
+        parse_endpoint(value)
+        return value
+
+
+class GrpcReceiverConfig(_Endpoint):
+    endpoint: str = Field(default="localhost:4317", description="OTLP/gRPC bind address.")
+    max_recv_message_bytes: int = Field(
+        default=4 * 2**20,
+        ge=1024,
+        description="Largest request accepted (after decompression); larger ones get RESOURCE_EXHAUSTED.",
+    )
+    max_concurrent_rpcs: int | None = Field(
+        default=None, ge=1, description="Cap on Export calls in flight; extra calls are refused by gRPC."
+    )
+
+
+class HttpReceiverConfig(_Endpoint):
+    endpoint: str = Field(default="localhost:4318", description="OTLP/HTTP bind address.")
+    max_body_bytes: int = Field(
+        default=20 * 2**20,
+        ge=1024,
+        description="Largest body accepted, also after gzip decompression; larger ones get 413.",
+    )
+
+
+class ReceiversConfig(Section):
+    grpc: GrpcReceiverConfig = GrpcReceiverConfig()
+    http: HttpReceiverConfig = HttpReceiverConfig()
+
+
+class BufferConfig(Section):
+    trace_idle_timeout: float = Field(
+        default=2.0,
+        gt=0,
+        description="Seconds with no new span, after the root span ended, to close a trace.",
+    )
+    rootless_trace_idle_timeout: float = Field(
+        default=30.0, gt=0, description="Seconds with no new span to close a trace whose root never arrived."
+    )
+    max_trace_age: float = Field(
+        default=300.0, gt=0, description="Seconds after its first span a trace is closed."
+    )
+    session_idle_timeout: float = Field(
+        default=30.0, gt=0, description="Seconds with no span in any of its traces to close a session."
+    )
+    max_session_age: float = Field(
+        default=3600.0, gt=0, description="Seconds after its first span a session is closed."
+    )
+    late_span_window: float = Field(
+        default=60.0,
+        ge=0,
+        description="Seconds after a partition closed during which late spans re-score it as a new revision.",
+    )
+    max_buffered_spans: int = Field(
+        default=500_000,
+        ge=1,
+        description="Spans held in open partitions or awaiting scoring; beyond it receivers push back.",
+    )
+    max_spans_per_trace: int = Field(
+        default=10_000, ge=1, description="A trace reaching this many spans is closed early (reason `limit`)."
+    )
+    max_traces_per_session: int = Field(
+        default=1_000,
+        ge=1,
+        description="A session reaching this many traces is closed early (reason `limit`).",
+    )
+    max_retained_spans: int = Field(
+        default=100_000,
+        ge=0,
+        description="Spans of closed partitions kept for late-span revisions; the oldest are forgotten first.",
+    )
+    retry_after: float = Field(
+        default=1.0,
+        gt=0,
+        description="Seconds clients are asked to wait (RetryInfo / Retry-After) when full.",
+    )
+    sweep_interval: float = Field(
+        default=0.05, gt=0, le=5, description="Seconds between close-detection sweeps."
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> BufferConfig:
+        if self.rootless_trace_idle_timeout < self.trace_idle_timeout:
+            raise ValueError("rootless_trace_idle_timeout must be >= trace_idle_timeout")
+        if self.max_trace_age < self.trace_idle_timeout:
+            raise ValueError("max_trace_age must be >= trace_idle_timeout")
+        if self.max_session_age < self.session_idle_timeout:
+            raise ValueError("max_session_age must be >= session_idle_timeout")
+        return self
+
+    def limits(self) -> BufferLimits:
+        return BufferLimits(
+            trace_idle_timeout=self.trace_idle_timeout,
+            rootless_trace_idle_timeout=self.rootless_trace_idle_timeout,
+            max_trace_age=self.max_trace_age,
+            session_idle_timeout=self.session_idle_timeout,
+            max_session_age=self.max_session_age,
+            late_span_window=self.late_span_window,
+            max_buffered_spans=self.max_buffered_spans,
+            max_spans_per_trace=self.max_spans_per_trace,
+            max_traces_per_session=self.max_traces_per_session,
+            max_retained_spans=self.max_retained_spans,
+        )
+
+
+class PartitioningConfig(Section):
+    task_key_attributes: list[str] = Field(
+        default=list(DEFAULT_TASK_KEY_ATTRIBUTES),
+        min_length=1,
+        description="Attributes naming the task key, first present wins (root span, any span, resource); "
+        "the root span's name is the last resort.",
+    )
+
+
+class ExpectationsConfig(Section):
+    file: Path | None = Field(
+        default=None, description="Expectations file (YAML or JSON); none: no expectations."
+    )
+    watch: bool = Field(default=True, description="Reload the file when it changes.")
+    poll_interval: float = Field(
+        default=1.0, gt=0, description="Seconds between checks of the file when watching."
+    )
+
+
+class ScoringConfig(Section):
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Scoring worker threads (decode, partition, score off the event loop).",
+    )
+
+
+class PrometheusConfig(_Endpoint):
+    endpoint: str = Field(
+        default="localhost:9464", description="Bind address of /metrics, /healthz, /readyz."
+    )
+    max_task_keys: int = Field(
+        default=100,
+        ge=1,
+        description="Distinct task_key label values; registered keys beyond it, and every unregistered key, "
+        "share `unregistered`.",
+    )
+
+
+class ExportersConfig(Section):
+    prometheus: PrometheusConfig = PrometheusConfig()
+    queue_size: int = Field(
+        default=10_000, ge=1, description="Score events queued per exporter; overflow is counted and dropped."
+    )
+
+
+class LoggingConfig(Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+class ServiceConfig(Section):
+    receivers: ReceiversConfig = ReceiversConfig()
+    buffer: BufferConfig = BufferConfig()
+    partitioning: PartitioningConfig = PartitioningConfig()
+    expectations: ExpectationsConfig = ExpectationsConfig()
+    scoring: ScoringConfig = ScoringConfig()
+    exporters: ExportersConfig = ExportersConfig()
+    logging: LoggingConfig = LoggingConfig()
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message has one line per problem, naming key and source."""
+
+
+def env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[tuple[str, ...], str]]:
+    """`STEPWATCH_A__B=v` -> {"a": {"b": v}} (v parsed as a YAML scalar), and key -> variable name."""
+    tree: dict[str, Any] = {}
+    origin: dict[tuple[str, ...], str] = {}
+    for name, raw in sorted(environ.items()):
+        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_FILE:
+            continue
+        path = tuple(part.lower() for part in name[len(ENV_PREFIX) :].split("__"))
+        if not all(path):
+            raise ConfigError(f"{name}: empty section name (use STEPWATCH_SECTION__FIELD)")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else raw
+        except yaml.YAMLError:
+            value = raw
+        _set(tree, path, value, name)
+        origin[path] = name
+    return tree, origin
+
+
+def _set(tree: dict[str, Any], path: tuple[str, ...], value: Any, source: str) -> None:
+    node = tree
+    for part in path[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{source}: {'.'.join(path)} conflicts with another setting")
+        node = child
+    node[path[-1]] = value
+
+
+def merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep merge: mappings merge key by key, anything else in `override` replaces."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def load_config(
+    path: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> ServiceConfig:
+    """Defaults < file < environment < flags, validated once; ConfigError names key and source."""
+    environ = os.environ if environ is None else environ
+    if path is None and environ.get(ENV_CONFIG_FILE):
+        path = Path(environ[ENV_CONFIG_FILE])
+    data = read_config_file(path) if path is not None else {}
+    env_tree, env_origin = env_overrides(environ)
+    data = merge(data, env_tree)
+    flag_origin: dict[tuple[str, ...], str] = {}
+    for dotted, (value, flag) in _flag_tree(flags or {}).items():
+        path_tuple = tuple(dotted.split("."))
+        nested: dict[str, Any] = {}
+        _set(nested, path_tuple, value, flag)
+        data = merge(data, nested)
+        flag_origin[path_tuple] = flag
+    try:
+        return ServiceConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for error in exc.errors():
+            loc = tuple(str(part) for part in error["loc"])
+            key = ".".join(loc) or "(top level)"
+            source = flag_origin.get(loc) or env_origin.get(loc) or (str(path) if path else "defaults")
+            message = error["msg"].removeprefix("Value error, ")
+            if error["type"] == "extra_forbidden":
+                message = f"unknown key; allowed here: {', '.join(_allowed(loc[:-1]))}"
+            lines.append(f"{key} (from {source}): {message}")
+        raise ConfigError("\n".join(lines)) from None
+
+
+def _flag_tree(flags: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:
+    """Flags arrive as {"buffer.trace_idle_timeout": (value, "--trace-idle-timeout")}; None = not given."""
+    return {key: item for key, item in flags.items() if item[0] is not None}
+
+
+def _allowed(loc: tuple[str, ...]) -> list[str]:
+    model: type[BaseModel] = ServiceConfig
+    for part in loc:
+        field = model.model_fields.get(part)
+        annotation = field.annotation if field else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return sorted(model.model_fields)
+
+
+def effective_yaml(config: ServiceConfig) -> str:
+    """The validated configuration as YAML (what `check-config` prints)."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,345 @@
+"""The composition root of `stepwatch serve`: builds every component from the config, runs the
+close-detection sweep and the scoring worker, and owns start-up and draining shutdown.
+
+Data flow: receivers -> Ingestor (SpanSink) -> PartitionBuffer -> sweep -> scoring worker threads
+(decode, partition, expectation lookup, scorers) -> FanOutExporter -> exporters (Prometheus, ...).
+Extension points: pass `exporters=` (any ScoreExporter) and `scorers=` (a ScorerRegistry) to
+`Service`; add a receiver by giving it `service.ingestor` as its SpanSink.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from stepwatch.evaluator.accounting import SpanAccounting
+from stepwatch.evaluator.buffer import ClosedPartition, PartitionBuffer
+from stepwatch.evaluator.clock import Clock, SystemClock
+from stepwatch.evaluator.expectation import Expectation
+from stepwatch.evaluator.expectations_store import ExpectationsStore, load_expectations
+from stepwatch.evaluator.model import Partition
+from stepwatch.evaluator.partitioning import build_partition
+from stepwatch.evaluator.pipeline import (
+    build_scoring_input,
+    is_async_scorer,
+    run_async_scorers,
+    run_sync_scorers,
+)
+from stepwatch.evaluator.results import ScoreResult
+from stepwatch.evaluator.scorers.base import Scorer, ScoringInput
+from stepwatch.evaluator.scorers.registry import ScorerRegistry
+from stepwatch.exporters.base import FanOutExporter, ScoreEvent, ScoreExporter
+from stepwatch.exporters.prometheus import BufferGauges, MetricsServer, PrometheusExporter
+from stepwatch.receiver.grpc_server import OtlpGrpcReceiver
+from stepwatch.receiver.http_server import OtlpHttpReceiver
+from stepwatch.receiver.ingest import Ingestor, decode_records
+
+from .config import ServiceConfig, parse_endpoint
+from .expectations_watch import ExpectationsWatcher
+
+log = logging.getLogger("stepwatch")
+
+
+@dataclass(slots=True)
+class _Scored:
+    """A worker's output for one partition: sync results done, async scorers still to await."""
+
+    event: ScoreEvent
+    inp: ScoringInput
+    pending: list[Scorer]
+
+
+class Service:
+    """One running Stepwatch: `await start()`, then `await shutdown()` (drains and scores everything)."""
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        *,
+        clock: Clock | None = None,
+        exporters: Sequence[ScoreExporter] = (),
+        scorers: ScorerRegistry | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.scorers = scorers or ScorerRegistry.builtin()
+        self.accounting = SpanAccounting()
+        self.buffer = PartitionBuffer(config.buffer.limits(), self.accounting, self.clock.monotonic)
+        limits = config.buffer
+        self.ingestor = Ingestor(
+            self.buffer,
+            self.accounting,
+            retry_after=limits.retry_after,
+            limits_note=f"max_spans_per_trace={limits.max_spans_per_trace}",
+        )
+        self.expectations = ExpectationsStore()
+        path = config.expectations.file
+        if path is not None:
+            self.expectations = load_expectations(path, self.scorers.check_names)  # invalid: fail at start
+        prom = config.exporters.prometheus
+        self.prometheus = PrometheusExporter(
+            prom.max_task_keys, lambda key: key in self.expectations, self.clock.monotonic
+        )
+        self.fanout = FanOutExporter([self.prometheus, *exporters], config.exporters.queue_size)
+        self.prometheus.watch_ingest(self.accounting, self._gauges, lambda: dict(self.fanout.dropped))
+        self.watcher: ExpectationsWatcher | None = None
+        if path is not None and config.expectations.watch:
+            self.watcher = ExpectationsWatcher(
+                path,
+                lambda p: load_expectations(p, self.scorers.check_names),
+                self._expectations_loaded,
+                lambda message: self.prometheus.expectations_reloaded(False),
+                config.expectations.poll_interval,
+                self.expectations.digest,
+            )
+        rec = config.receivers
+        self.grpc: OtlpGrpcReceiver | None = None
+        self.http: OtlpHttpReceiver | None = None
+        if rec.grpc.enabled:
+            host, port = parse_endpoint(rec.grpc.endpoint)
+            self.grpc = OtlpGrpcReceiver(
+                self.ingestor,
+                self.accounting,
+                host,
+                port,
+                rec.grpc.max_recv_message_bytes,
+                rec.grpc.max_concurrent_rpcs,
+            )
+        if rec.http.enabled:
+            host, port = parse_endpoint(rec.http.endpoint)
+            self.http = OtlpHttpReceiver(self.ingestor, self.accounting, host, port, rec.http.max_body_bytes)
+        self.metrics_server: MetricsServer | None = None
+        if prom.enabled:
+            host, port = parse_endpoint(prom.endpoint)
+            self.metrics_server = MetricsServer(self.prometheus.registry, host, port, self.ready)
+        self._executor = ThreadPoolExecutor(config.scoring.workers, thread_name_prefix="stepwatch-score")
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+        self._started = False
+        self._stopping = False
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.fanout.start()
+        if self.metrics_server is not None:
+            await self.metrics_server.start()
+            log.info(
+                "metrics listening on http://%s/metrics (/healthz, /readyz)",
+                self._addr(self.metrics_server.port, self.config.exporters.prometheus.endpoint),
+            )
+        if self.watcher is not None:
+            await self.watcher.start()
+        self._sweeper = asyncio.create_task(self._sweep_loop(), name="stepwatch-sweep")
+        if self.grpc is not None:
+            await self.grpc.start()
+            log.info(
+                "OTLP/gRPC receiver listening on %s",
+                self._addr(self.grpc.port, self.config.receivers.grpc.endpoint),
+            )
+        if self.http is not None:
+            await self.http.start()
+            log.info(
+                "OTLP/HTTP receiver listening on http://%s/v1/traces",
+                self._addr(self.http.port, self.config.receivers.http.endpoint),
+            )
+        log.info(
+            "expectations: %s",
+            f"{len(self.expectations)} task key(s) from {self.config.expectations.file}"
+            if self.config.expectations.file
+            else "none (unmatched partitions get the expectation-free scorers)",
+        )
+        self._started = True
+
+    @staticmethod
+    def _addr(port: int, endpoint: str) -> str:
+        host, _ = parse_endpoint(endpoint)
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    def ready(self) -> bool:
+        return self._started and not self._stopping
+
+    async def shutdown(self, grace: float = 5.0) -> None:
+        """Drain: stop accepting spans, close and score every buffered partition, flush exporters."""
+        if self._stopping:
+            return
+        self._stopping = True
+        self.ingestor.closing = True
+        for receiver in (self.grpc, self.http):
+            if receiver is not None:
+                await receiver.shutdown()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        deadline = time.monotonic() + max(grace, 1.0) * 6
+        while time.monotonic() < deadline:
+            while self._inflight:
+                await asyncio.gather(*list(self._inflight), return_exceptions=True)
+            closed = self.buffer.close_all("shutdown")
+            if not closed and not self._inflight:
+                if self.buffer.idle():
+                    break
+                await asyncio.sleep(0.01)
+                continue
+            self._dispatch(closed)
+        if not self.buffer.idle():
+            log.error(
+                "shutdown: %d span(s) could not be scored before the deadline", self.buffer.buffered_spans
+            )
+        if self.watcher is not None:
+            await self.watcher.shutdown()
+        await self.fanout.shutdown()
+        if self.metrics_server is not None:
+            await self.metrics_server.shutdown()
+        self._executor.shutdown(wait=True)
+        log.info(
+            "drained: %d span(s) received, %d scored, %d rejected, %d late",
+            sum(self.accounting.received.values()),
+            self.accounting.scored,
+            sum(self.accounting.rejected.values()),
+            self.accounting.late,
+        )
+
+    # -- close detection and scoring ----------------------------------------------------------
+
+    async def _sweep_loop(self) -> None:
+        interval = self.config.buffer.sweep_interval
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                closed = self.buffer.sweep()
+            except Exception:
+                log.exception("close-detection sweep failed")
+                continue
+            if closed:
+                self._dispatch(closed)
+
+    def sweep_now(self) -> None:
+        """Run one sweep immediately (tests with a manual clock)."""
+        closed = self.buffer.sweep()
+        if closed:
+            self._dispatch(closed)
+
+    def _dispatch(self, closed: list[ClosedPartition]) -> None:
+        workers = self.config.scoring.workers
+        chunks = [closed[i::workers] for i in range(min(workers, len(closed)))]
+        for chunk in chunks:
+            task = asyncio.create_task(self._score_batch(chunk))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+
+    async def _score_batch(self, closed: list[ClosedPartition]) -> None:
+        loop = asyncio.get_running_loop()
+        outputs = await loop.run_in_executor(self._executor, self._process_batch, closed)
+        for out in outputs:
+            event = out.event
+            if out.pending:
+                late = await run_async_scorers(out.inp, out.pending)
+                event = _with_results(event, (*event.results, *late))
+            self.fanout.submit(event)
+
+    def _process_batch(self, closed: list[ClosedPartition]) -> list[_Scored]:
+        """Worker thread: decode, route or partition, score the sync scorers. Never raises."""
+        outputs: list[_Scored] = []
+        queue = list(closed)
+        while queue:
+            item = queue.pop(0)
+            try:
+                scored, more = self._process(item)
+            except Exception:  # a bug in decoding/partitioning: account the spans, go on
+                log.exception("scoring partition %s failed", item.partition_id)
+                self.accounting.rejected["scoring_error"] += item.new_spans
+                self.buffer.done(item)
+                if item.needs_routing:
+                    with contextlib.suppress(ValueError):
+                        self.buffer.settle_trace(item)
+                continue
+            queue.extend(more)
+            if scored is not None:
+                outputs.append(scored)
+        return outputs
+
+    def _process(self, closed: ClosedPartition) -> tuple[_Scored | None, list[ClosedPartition]]:
+        spans = decode_records(closed.records)
+        keys = self.config.partitioning.task_key_attributes
+        store = self.expectations
+        if closed.needs_routing:
+            partition = build_partition("trace", closed.partition_id, spans, task_key_attributes=keys)
+            expectation = store.get(partition.task_key)
+            if expectation is not None and expectation.partition == "session" and partition.session_id:
+                return None, self.buffer.join_session(closed, partition.session_id, partition.task_key)
+            self.buffer.settle_trace(closed)
+        elif closed.partition_type == "session":
+            partition = build_partition(
+                "session", closed.partition_id, spans, task_key_attributes=keys, session_id=closed.session_id
+            )
+            # the session was formed under its first trace's task key; keep scoring it against that
+            task_key = closed.task_key or partition.task_key
+            if task_key != partition.task_key:
+                partition = partition.model_copy(update={"task_key": task_key})
+            expectation = store.get(task_key)
+        else:
+            partition = build_partition("trace", closed.partition_id, spans, task_key_attributes=keys)
+            expectation = store.get(partition.task_key)
+        return self._score(partition, expectation, closed, store), []
+
+    def _score(
+        self,
+        partition: Partition,
+        expectation: Expectation | None,
+        closed: ClosedPartition,
+        store: ExpectationsStore,
+    ) -> _Scored:
+        scorers = self.scorers.scorers_for(expectation)
+        inp = build_scoring_input(partition, expectation)
+        sync = [s for s in scorers if not is_async_scorer(s)]
+        results = run_sync_scorers(inp, sync)
+        acc = self.accounting
+        if closed.revision == 0:
+            acc.scored += closed.new_spans
+            if expectation is None:
+                acc.unmatched[partition.type] += 1
+        acc.closed[(partition.type, closed.reason)] += 1
+        self.buffer.done(closed)
+        event = ScoreEvent(
+            partition_type=partition.type,
+            partition_id=partition.id,
+            revision=closed.revision,
+            close_reason=closed.reason,
+            task_key=partition.task_key,
+            registered=partition.task_key in store,
+            session_id=partition.session_id,
+            trace_ids=tuple(partition.trace_ids),
+            span_count=len(partition.spans),
+            results=tuple(results),
+            expectation_version=expectation.version if expectation is not None else None,
+            scored_at_unix_nano=time.time_ns(),
+            last_span_monotonic=closed.last_arrival,
+        )
+        return _Scored(event, inp, [s for s in scorers if is_async_scorer(s)])
+
+    # -- expectations and gauges ----------------------------------------------------------------
+
+    def _expectations_loaded(self, store: ExpectationsStore) -> None:
+        self.expectations = store
+        self.prometheus.expectations_reloaded(True)
+
+    def _gauges(self) -> BufferGauges:
+        return BufferGauges(
+            buffered_spans=self.buffer.buffered_spans,
+            buffered_spans_limit=self.config.buffer.max_buffered_spans,
+            open_partitions=self.buffer.open_partitions(),
+            retained_spans=self.buffer.retained_spans,
+        )
+
+
+def _with_results(event: ScoreEvent, results: tuple[ScoreResult, ...]) -> ScoreEvent:
+    from dataclasses import replace
+
+    return replace(event, results=results)
