@@ -1,0 +1,58 @@
+"""Dataset rows with inline request fields, through the registry entries and the async pipeline."""
+
+from __future__ import annotations
+
+from stepwatch.evaluator.expectation import Expectation
+from stepwatch.evaluator.judge.inline import has_inline_fields, score_inline_row
+from stepwatch.evaluator.judge.registration import judge_scorer_entries
+from stepwatch.evaluator.judge.runner import JudgeRunner
+from stepwatch.evaluator.scorers.registry import ScorerRegistry
+from stepwatch.receiver.openinference_json import decode_openinference
+
+
+def decode(document: list) -> list:
+    return decode_openinference(document).spans
+
+
+def registry() -> ScorerRegistry:
+    return ScorerRegistry.builtin().extended(judge_scorer_entries(JudgeRunner()))
+
+
+async def test_inline_trajectory_row_scores_trajectory_steps():
+    row = {
+        "id": "refund",
+        "input": "Refund order 4471 and notify the customer.",
+        "trajectory": ["look up order 4471", "issue refund of $89.00"],
+        "expected_trajectory": ["look up order", "issue refund", "notify customer"],
+    }
+    assert has_inline_fields(row)
+    scorer = registry().create("trajectory_steps")
+    [result] = await score_inline_row(row, None, [scorer], decode, "refund")
+    assert result.label == "65% yes" and result.metadata["missing_steps"] == ["notify customer"]
+
+
+async def test_inline_openinference_trace_scores_plan_adherence(tokyo_trace):
+    row = {"id": "tokyo", "trace": tokyo_trace, "expected_plan": "Research the destination; check flights."}
+    scorers = [registry().create("plan_adherence"), registry().create("trajectory.step_count")]
+    results = await score_inline_row(row, None, scorers, decode, "tokyo")
+    by_metric = {r.metric: r for r in results}
+    assert by_metric["plan_adherence"].metadata["plan_steps"] == {
+        0: "Research the destination",
+        1: "check flights",
+    }
+    assert by_metric["plan_adherence"].score == 50
+    assert by_metric["trajectory.step_count"].score is not None
+
+
+def test_default_selection_follows_the_expectation():
+    reg = registry()
+    names = lambda e: {s.name for s in reg.scorers_for(e)}  # noqa: E731
+    assert "trajectory_steps" not in names(Expectation())
+    assert "trajectory_steps" in names(Expectation(expected_trajectory=["look up order"]))
+    assert "plan_adherence" in names(Expectation(expected_plan="a, b"))
+    assert names(Expectation(expected_plan="a, b", judge={"scorers": ["trajectory_steps"]})) >= {
+        "trajectory_steps"
+    }
+    assert "plan_adherence" not in names(
+        Expectation(expected_plan="a, b", judge={"scorers": ["trajectory_steps"]})
+    )
