@@ -16,6 +16,9 @@ system-deps:
 	@command -v promtool >/dev/null 2>&1 || { \
 		echo "installing prometheus + promtool (Debian package)"; \
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }
+	@command -v amtool >/dev/null 2>&1 || { \
+		echo "installing amtool (Debian package prometheus-alertmanager)"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus-alertmanager; }
 
 setup: $(BIN)/.installed
 
