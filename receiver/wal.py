@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import time
+from collections import deque
 from collections.abc import Hashable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -125,6 +126,8 @@ class WriteAheadLog:
         self._dir = config.directory
         self._segments: dict[int, _Segment] = {}
         self._keys: dict[Hashable, set[int]] = {}
+        self._born: dict[Hashable, float] = {}
+        self._births: deque[tuple[float, Hashable]] = deque()
         self._bytes = 0
         self._next_seq = 0
         self._next_segment = 0
@@ -237,7 +240,11 @@ class WriteAheadLog:
         await self._flusher
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self._close_file, self.config.fsync != "never")
-        self._executor.shutdown(wait=True)
+        active, self._active = self._active, None
+        if active is not None and active.holds <= 0:
+            self._delete(active)  # everything in it was released: nothing to replay
+        executor, self._executor = self._executor, None
+        executor.shutdown(wait=True)
 
     async def flush(self) -> None:
         """Wait until everything queued so far (writes, segment deletions) has reached the disk."""
@@ -296,6 +303,9 @@ class WriteAheadLog:
             held = self._keys.get(key)
             if held is None:
                 self._keys[key] = {segment_id}
+                now = time.monotonic()
+                self._born[key] = now
+                self._births.append((now, key))
             elif segment_id not in held:
                 held.add(segment_id)
             else:
@@ -305,8 +315,30 @@ class WriteAheadLog:
 
     def release(self, key: Hashable) -> None:
         """The partition is scored and handed to the exporters (or dropped): its spans are no longer needed."""
+        self._born.pop(key, None)
         for segment_id in self._keys.pop(key, ()):
             self._unhold(segment_id)
+
+    def expire_holds(self, max_age: float) -> int:
+        """Release keys held longer than any partition can stay open; returns how many.
+
+        A safety net for keys the service never releases (a late span for a partition that is no
+        longer retained, a partition whose scoring failed): without it they would pin their
+        segments until the log is full.
+        """
+        cutoff = time.monotonic() - max_age
+        births = self._births
+        expired = 0
+        while births and births[0][0] <= cutoff:
+            born, key = births.popleft()
+            if self._born.get(key) == born:
+                self.release(key)
+                expired += 1
+        return expired
+
+    def has_room(self, payload_bytes: int) -> bool:
+        """Whether an append of this size would fit under max_bytes (check before taking spans)."""
+        return self._bytes + HEADER_SIZE + payload_bytes <= self.config.max_bytes
 
     def held_keys(self) -> int:
         return len(self._keys)

@@ -128,11 +128,26 @@ async def test_segment_is_deleted_once_every_partition_in_it_is_released(tmp_pat
     assert registry.get_sample_value("stepwatch_wal_segments") == 2
 
     wal.release("session-a")
+    await wal.flush()
+    assert _segment_files(tmp_path) == [f"{active:020d}.wal"], "the active segment stays while running"
+    size = (tmp_path / f"{active:020d}.wal").stat().st_size
+    assert registry.get_sample_value("stepwatch_wal_bytes") == size
     await wal.stop()
-    assert _segment_files(tmp_path) == [f"{active:020d}.wal"]
-    assert (
-        registry.get_sample_value("stepwatch_wal_bytes") == (tmp_path / f"{active:020d}.wal").stat().st_size
-    )
+    assert _segment_files(tmp_path) == [], "a clean stop with everything released leaves nothing to replay"
+    assert registry.get_sample_value("stepwatch_wal_bytes") == 0
+
+
+async def test_holds_never_released_expire_after_the_longest_partition_lifetime(tmp_path: Path) -> None:
+    wal = WriteAheadLog(_config(tmp_path))
+    await wal.start()
+    for i in range(30):
+        ref = await wal.append(_payload(i))
+        wal.track(ref, [f"leaked-{i}"])
+    assert wal.expire_holds(max_age=3600) == 0
+    assert wal.expire_holds(max_age=0) == 30
+    await wal.flush()
+    assert len(_segment_files(tmp_path)) == 1, "only the active segment is left"
+    await wal.stop()
 
 
 async def test_append_raises_wal_full_at_the_bound_and_recovers_after_release(tmp_path: Path) -> None:
