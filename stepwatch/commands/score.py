@@ -9,6 +9,7 @@ on the command line, invalid --expected-steps or --rules, unreadable dataset fil
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 from dataclasses import dataclass, field
@@ -62,6 +63,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="show the alignment of expected vs observed steps per partition",
     )
     parser.add_argument("--rules", metavar="FILE", help="trajectory rules YAML (the spec's `scorers:` form)")
+    parser.add_argument(
+        "--scorer",
+        action="append",
+        metavar="NAME",
+        help="run only these scorers (repeatable), e.g. --scorer trajectory_steps --scorer plan_adherence",
+    )
+    parser.add_argument(
+        "--judge",
+        choices=("local", "openai"),
+        default="local",
+        help="judge for trajectory_steps / plan_adherence: the embedded local judge (default) or an "
+        "OpenAI-compatible endpoint (see docs/judges.md)",
+    )
+    parser.add_argument(
+        "--judge-base-url", metavar="URL", help="OpenAI-compatible base URL (default OpenAI's)"
+    )
+    parser.add_argument("--judge-model", metavar="MODEL", help="judge model name")
+    parser.add_argument(
+        "--judge-api-key-env",
+        metavar="VAR",
+        help="environment variable holding the API key (default OPENAI_API_KEY)",
+    )
 
 
 @dataclass(slots=True)
@@ -100,11 +123,25 @@ def _result_json(result: Any) -> dict[str, Any]:
     }
     if result.threshold is not None:
         out["threshold"] = result.threshold
+    if result.label is not None:
+        out["label"] = result.label
+    if result.explanation is not None:
+        out["explanation"] = result.explanation
     if result.error is not None:
         out["error"] = result.error
     if result.not_scored is not None:
         out["not_scored"] = result.not_scored
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class InlineJob:
+    """A dataset row scored from its own fields (trajectory, expected_trajectory, input,
+    expected_plan, trace as an OpenInference span list) instead of a trace file."""
+
+    id: str
+    row: dict[str, Any]
+    expectation: Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
 
     if bool(args.files) == bool(args.dataset):
         raise UsageError("give trace FILEs or --dataset DATA.jsonl (exactly one of the two)")
+    _check_scorer_names(args)
     base_rules = _load_rules_file(Path(args.rules)) if args.rules else None
     base_steps = _parse_steps_arg(args.expected_steps) if args.expected_steps is not None else None
     out = sys.stdout
@@ -164,6 +202,8 @@ def _run_dataset(
         job = _dataset_job(dataset, number, line, base_steps, base_rules, args)
         if isinstance(job, Record):
             produced = [(job, [])]
+        elif isinstance(job, InlineJob):
+            produced = [(_score_inline(job, args), [])]
         else:
             spans = _load_or_error(job.path)
             if isinstance(spans, str):
@@ -196,8 +236,6 @@ def _dataset_job(
         return Record(id=where, error=f"{where}: a dataset row must be a JSON object")
     row_id = str(row["id"]) if row.get("id") not in (None, "") else where
     trace = row.get("trace")
-    if not isinstance(trace, str) or not trace:
-        return Record(id=row_id, error=f"{where}: `trace` must be a path to a trace file")
     steps = base_steps
     if "expected_steps" in row:
         steps = _row_steps(row["expected_steps"])
@@ -214,6 +252,17 @@ def _dataset_job(
     expectation = _expectation(steps, method, rules, args.partition)
     if isinstance(expectation, str):
         return Record(id=row_id, error=f"{where}: {expectation}")
+    expectation = _with_judge_fields(expectation, row)
+    if isinstance(expectation, str):
+        return Record(id=row_id, error=f"{where}: {expectation}")
+    if not isinstance(trace, str) or not trace:
+        from stepwatch.evaluator.judge.inline import has_inline_fields
+
+        if has_inline_fields(row):
+            return InlineJob(id=row_id, row=row, expectation=expectation)
+        return Record(
+            id=row_id, error=f"{where}: `trace` must be a path to a trace file or an OpenInference span list"
+        )
     return Job(id=row_id, path=dataset.parent / trace, expectation=expectation)
 
 
@@ -358,14 +407,12 @@ def _score_spans(
 ) -> Any:
     """(Record, explain lines) per partition of `spans`."""
     from stepwatch.evaluator.partitioning import partition_sessions, partition_traces
-    from stepwatch.evaluator.pipeline import score_partition
-    from stepwatch.evaluator.scorers.registry import ScorerRegistry
 
     if args.partition == "session":
         partitions = partition_sessions(spans, include_sessionless=True)
     else:
         partitions = partition_traces(spans)
-    registry = ScorerRegistry.builtin()
+    registry, runner = _judge_runtime(args)
     for partition in partitions:
         record = Record(
             id=row_id if row_id is not None else f"{label}#{partition.id}",
@@ -374,13 +421,116 @@ def _score_spans(
             task_key=partition.task_key,
         )
         try:
-            scorers = registry.scorers_for(expectation)
-            inp, record.results = score_partition(partition, expectation, scorers)
+            selected, scorers = _selected_scorers(registry, expectation, args)
+            inp, record.results = _score_partition(partition, selected, scorers, runner)
         except Exception as exc:  # one partition's failure must not stop the others
             record.error = f"{type(exc).__name__}: {exc}"
             yield record, []
             continue
         yield record, _explain_lines(record.results, inp.steps)
+
+
+def _judge_runtime(args: argparse.Namespace) -> Any:
+    """(registry with the judge scorers, their JudgeRunner), built once per command run."""
+    runtime = getattr(args, "judge_runtime", None)
+    if runtime is None:
+        from stepwatch.evaluator.judge.factory import build_runner
+        from stepwatch.evaluator.judge.openai import OpenAIJudgeConfig
+        from stepwatch.evaluator.judge.registration import judge_scorer_entries
+        from stepwatch.evaluator.judge.settings import JudgeServiceConfig
+        from stepwatch.evaluator.scorers.registry import ScorerRegistry
+
+        overrides = {
+            key: value
+            for key, value in (
+                ("base_url", args.judge_base_url),
+                ("model", args.judge_model),
+                ("api_key_env", args.judge_api_key_env),
+            )
+            if value
+        }
+        runner = build_runner(JudgeServiceConfig(backend=args.judge, openai=OpenAIJudgeConfig(**overrides)))
+        runtime = (ScorerRegistry.builtin().extended(judge_scorer_entries(runner)), runner)
+        args.judge_runtime = runtime
+    return runtime
+
+
+def _check_scorer_names(args: argparse.Namespace) -> None:
+    from stepwatch.cli import UsageError
+    from stepwatch.evaluator.scorers.registry import UnknownScorerError
+
+    if args.scorer:
+        try:
+            _judge_runtime(args)[0].check_names(args.scorer)
+        except UnknownScorerError as exc:
+            raise UsageError(f"--scorer: {exc}") from None
+
+
+def _with_judge_fields(expectation: Any, row: dict[str, Any]) -> Any:
+    """A row's expected_plan / expected_trajectory join its expectation (also for trace-file rows)."""
+    from pydantic import ValidationError
+
+    from stepwatch.evaluator.expectation import Expectation
+
+    fields = {key: row[key] for key in ("expected_plan", "expected_trajectory") if key in row}
+    if not fields:
+        return expectation
+    base = expectation.model_dump() if expectation is not None else {}
+    try:
+        return Expectation.model_validate({**base, **fields})
+    except ValidationError as exc:
+        return _first_error(exc)
+
+
+def _selected_scorers(registry: Any, expectation: Any, args: argparse.Namespace) -> tuple[Any, list[Any]]:
+    """(expectation, scorers): --scorer names run as if the expectation listed them."""
+    from stepwatch.evaluator.expectation import Expectation
+
+    if not args.scorer:
+        return expectation, registry.scorers_for(expectation)
+    base = expectation.model_dump() if expectation is not None else {}
+    expectation = Expectation.model_validate({**base, "scorers": list(args.scorer)})
+    return expectation, [registry.create(name, expectation) for name in args.scorer]
+
+
+def _run_async(inp: Any, scorers: list[Any], runner: Any) -> list[Any]:
+    """Judge scorers are async: one event loop per partition; the judge's HTTP session closes with it."""
+    from stepwatch.evaluator.pipeline import run_async_scorers
+
+    async def scored() -> list[Any]:
+        try:
+            return await run_async_scorers(inp, scorers)
+        finally:
+            close = getattr(runner.judge, "aclose", None)
+            if close is not None:
+                await close()
+
+    return asyncio.run(scored())
+
+
+def _score_partition(partition: Any, expectation: Any, scorers: list[Any], runner: Any) -> Any:
+    from stepwatch.evaluator.pipeline import build_scoring_input, is_async_scorer, score_partition
+
+    if not any(is_async_scorer(scorer) for scorer in scorers):
+        return score_partition(partition, expectation, scorers)
+    inp = build_scoring_input(partition, expectation)
+    return inp, _run_async(inp, scorers, runner)
+
+
+def _score_inline(job: InlineJob, args: argparse.Namespace) -> Record:
+    from stepwatch.evaluator.judge.inline import inline_scoring_input
+    from stepwatch.receiver.openinference_json import decode_openinference
+
+    registry, runner = _judge_runtime(args)
+    record = Record(id=job.id, partition_type="trace")
+    try:
+        expectation, scorers = _selected_scorers(registry, job.expectation, args)
+        inp = inline_scoring_input(job.row, expectation, lambda doc: decode_openinference(doc).spans, job.id)
+        record.partition_id, record.task_key = inp.partition.id, inp.partition.task_key
+        record.results = _run_async(inp, scorers, runner)
+    except ValueError as exc:  # DecodeError included: a bad inline trace is this row's error
+        record.error = f"{job.id}: {exc}"
+    return record
 
 
 def _explain_lines(results: list[Any], steps: list[Any]) -> list[str]:

@@ -1,0 +1,157 @@
+"""`stepwatch score --scorer trajectory_steps --scorer plan_adherence --judge ...` on datasets with
+inline request fields, and against a fake OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+
+from stepwatch.cli import main
+
+TOKYO_PLAN = "For Tokyo: research the destination, check flight options, look up the weather, then suggest a few activities."
+
+
+def write_dataset(tmp_path: Path, tokyo_trace: list) -> Path:
+    (tmp_path / "tokyo.json").write_text(json.dumps(tokyo_trace))
+    rows = [
+        {
+            "id": "refund",
+            "input": "Refund order 4471 and notify the customer.",
+            "trajectory": ["look up order 4471", "issue refund of $89.00"],
+            "expected_trajectory": ["look up order", "issue refund", "notify customer"],
+        },
+        {"id": "tokyo-inline", "trace": tokyo_trace, "expected_plan": TOKYO_PLAN},
+        {
+            "id": "tokyo-file",
+            "trace": "tokyo.json",
+            "expected_plan": "research the destination, then check flights",
+        },
+    ]
+    path = tmp_path / "data.jsonl"
+    path.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    return path
+
+
+def records(text: str) -> dict[str, dict]:
+    out = {}
+    for line in text.splitlines():
+        record = json.loads(line)
+        out[record["id"]] = {r["metric"]: r for r in record["results"]}
+    return out
+
+
+def test_dataset_with_inline_fields_and_the_local_judge(tmp_path, tokyo_trace, capsys):
+    data = write_dataset(tmp_path, tokyo_trace)
+    code = main(
+        [
+            "score",
+            "--dataset",
+            str(data),
+            "--scorer",
+            "trajectory_steps",
+            "--scorer",
+            "plan_adherence",
+            "--judge",
+            "local",
+            "--format",
+            "json",
+        ]
+    )
+    got = records(capsys.readouterr().out)
+    assert got["refund"]["trajectory_steps"]["label"] == "65% yes"
+    assert got["refund"]["plan_adherence"]["error"] == "the trace is not a non-empty list of spans"
+    assert code == 1  # that requested-but-impossible plan_adherence is an error row
+    assert got["tokyo-inline"]["plan_adherence"]["score"] == 25
+    assert got["tokyo-file"]["plan_adherence"]["score"] == 50
+
+
+def test_unknown_scorer_is_a_usage_error(tmp_path, tokyo_trace, capsys):
+    data = write_dataset(tmp_path, tokyo_trace)
+    assert main(["score", "--dataset", str(data), "--scorer", "nope"]) == 2
+    assert "unknown scorer 'nope'" in capsys.readouterr().err
+
+
+@pytest.fixture
+def fake_openai() -> Iterator[tuple[str, list[dict]]]:
+    """A threaded fake Chat Completions server (the CLI runs its own event loops)."""
+    received: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            received.append(body)
+            p_yes = 0.03 if "expected_trajectory[2]" in body["messages"][1]["content"] else 0.97
+            top = [{"token": t, "logprob": math.log(p)} for t, p in (("Yes", p_yes), ("No", 1 - p_yes))]
+            answer = {
+                "id": "x",
+                "object": "chat.completion",
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "Yes"},
+                        "finish_reason": "length",
+                        "logprobs": {"content": [{**top[0], "top_logprobs": top}]},
+                    }
+                ],
+                "usage": {"prompt_tokens": 50, "completion_tokens": 1, "total_tokens": 51},
+            }
+            raw = json.dumps(answer).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = HTTPServer(("127.0.0.1", port), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}/v1", received
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_openai_judge_from_the_cli(tmp_path, tokyo_trace, capsys, fake_openai, monkeypatch):
+    url, received = fake_openai
+    monkeypatch.setenv("JUDGE_KEY", "sk-cli")
+    data = write_dataset(tmp_path, tokyo_trace)
+    code = main(
+        [
+            "score",
+            "--dataset",
+            str(data),
+            "--scorer",
+            "trajectory_steps",
+            "--judge",
+            "openai",
+            "--judge-base-url",
+            url,
+            "--judge-model",
+            "m",
+            "--judge-api-key-env",
+            "JUDGE_KEY",
+            "--format",
+            "json",
+        ]
+    )
+    got = records(capsys.readouterr().out)
+    assert code == 0
+    result = got["refund"]["trajectory_steps"]
+    assert result["score"] == pytest.approx((0.97 + 0.97 + 0.03) / 3 * (0.7 + 0.3 * 0.97), abs=1e-3)
+    assert len(received) == 4 and all(body["model"] == "m" for body in received)
