@@ -64,11 +64,18 @@ def _fix_ids(span: Any) -> None:
     for key in _ID_FIELDS:
         if key in span:
             span[key] = _id_to_base64(span[key])
-    for link in span.get("links") or []:
+    links = span.get("links")
+    for link in links if isinstance(links, list) else []:
         if isinstance(link, dict):
             for key in _ID_FIELDS:
                 if key in link:
                     link[key] = _id_to_base64(link[key])
+
+
+def _list(obj: dict[str, Any], camel: str, snake: str) -> list[Any]:
+    """A repeated member, or [] when absent or of the wrong type (ParseDict then names the error)."""
+    value = obj.get(camel, obj.get(snake))
+    return value if isinstance(value, list) else []
 
 
 def request_from_json(body: bytes) -> ExportTraceServiceRequest:
@@ -79,13 +86,12 @@ def request_from_json(body: bytes) -> ExportTraceServiceRequest:
         raise BadRequest(f"body is not valid JSON: {exc}") from None
     if not isinstance(document, dict):
         raise BadRequest("OTLP/JSON body must be an object with resourceSpans")
-    for resource_spans in document.get("resourceSpans") or document.get("resource_spans") or []:
-        if not isinstance(resource_spans, dict):
-            continue
-        for scope_spans in resource_spans.get("scopeSpans") or resource_spans.get("scope_spans") or []:
-            if isinstance(scope_spans, dict):
-                for span in scope_spans.get("spans") or []:
-                    _fix_ids(span)
+    for resource_spans in _list(document, "resourceSpans", "resource_spans"):
+        if isinstance(resource_spans, dict):
+            for scope_spans in _list(resource_spans, "scopeSpans", "scope_spans"):
+                if isinstance(scope_spans, dict):
+                    for span in _list(scope_spans, "spans", "spans"):
+                        _fix_ids(span)
     try:
         return json_format.ParseDict(document, ExportTraceServiceRequest(), ignore_unknown_fields=True)
     except (json_format.ParseError, TypeError, ValueError) as exc:
@@ -175,6 +181,12 @@ class OtlpHttpReceiver:
             self._accounting.requests_rejected["decode"] += 1
             return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), media)
         result = self._sink.consume(otlp, PROTOCOL)
+        if result.durable is not None:
+            try:
+                await result.durable
+            except OSError as exc:
+                message = f"write-ahead log write failed ({exc.strerror or exc}); retry"
+                return _status(503, code_pb2.UNAVAILABLE, message, media, retry_after=1.0)
         if result.unavailable:
             return _status(503, code_pb2.UNAVAILABLE, "the service is shutting down", media, retry_after=1.0)
         if result.retry_after is not None:
