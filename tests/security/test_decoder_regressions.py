@@ -1,0 +1,79 @@
+"""Crashes the fuzzers found in the decoders and the expectations loader, pinned as regressions.
+
+Each input must end in the module's documented error type (or a result), never another exception.
+The ones still open are strict xfails naming the owner module: when the module is fixed the test
+XPASSes, fails, and the marker must be removed, so a fix cannot go unnoticed or regress silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+from stepwatch.evaluator.expectations_store import ExpectationsError, parse_expectations
+from stepwatch.receiver.decoded import DecodeError
+from stepwatch.receiver.loader import LoadError, load_bytes
+from stepwatch.receiver.otlp_json import decode_json_bytes
+from stepwatch.security.limits import LimitCounters, LimitExceeded, loads_bounded
+
+DEEP_ARRAY = b"[" * 100_000 + b"]" * 100_000
+DEEP_ANY_VALUE = (
+    b'{"resourceSpans": [{"resource": {"attributes": [{"key": "k", "value": '
+    + b'{"arrayValue": {"values": [' * 3000
+    + b'{"stringValue": "x"}'
+    + b"]}}" * 3000
+    + b"}]}}]}"
+)
+DOUBLE_VALUE_LIST = (
+    b'{"resourceSpans": [{"resource": {"attributes": [{"key": "k", "value": {"doubleValue": [1]}}]}}]}'
+)
+
+
+def _decodes_or_refuses(data: bytes) -> None:
+    with contextlib.suppress(DecodeError):
+        decode_json_bytes(data)
+
+
+@pytest.mark.xfail(
+    strict=True, raises=RecursionError, reason="receiver/otlp_json.py: json.loads RecursionError escapes"
+)
+def test_otlp_json_deeply_nested_document():
+    _decodes_or_refuses(DEEP_ARRAY)
+
+
+@pytest.mark.xfail(strict=True, raises=RecursionError, reason="receiver/attributes.py: json_value recursion")
+def test_otlp_json_deeply_nested_any_value():
+    _decodes_or_refuses(DEEP_ANY_VALUE)
+
+
+@pytest.mark.xfail(
+    strict=True, raises=TypeError, reason="receiver/attributes.py: float() of a non-number doubleValue"
+)
+def test_otlp_json_double_value_of_the_wrong_type():
+    _decodes_or_refuses(DOUBLE_VALUE_LIST)
+
+
+@pytest.mark.xfail(
+    strict=True, raises=RecursionError, reason="receiver/loader.py: json.loads RecursionError escapes"
+)
+def test_loader_deeply_nested_json():
+    with contextlib.suppress(LoadError):
+        load_bytes(DEEP_ARRAY, "deep.json")
+
+
+@pytest.mark.xfail(
+    strict=True, raises=RecursionError, reason="evaluator/expectations_store.py: yaml recursion"
+)
+def test_expectations_deeply_nested_yaml():
+    with contextlib.suppress(ExpectationsError):
+        parse_expectations("tasks:\n  t:\n    expected_steps: " + "[" * 5000 + "]" * 5000)
+
+
+def test_the_receiver_side_guard_refuses_deep_json_before_any_decoder_runs():
+    """What the HTTP receiver can call today (limit json_depth -> 400) whatever the decoders do."""
+    meter = LimitCounters()
+    for body in (DEEP_ARRAY, DEEP_ANY_VALUE):
+        with pytest.raises(LimitExceeded):
+            loads_bounded(body, 64, meter)
+    assert meter.counts == {"json_depth": 2}
