@@ -271,7 +271,16 @@ class AdminAuthenticator:
 
 
 def count_request_spans(request: Any) -> int:
-    """Spans in an ExportTraceServiceRequest (0 for other messages): what a rejection accounts for."""
+    """Spans in an ExportTraceServiceRequest, parsed or raw bytes (a generic handler's request);
+    0 for anything else or bytes that do not parse. What a rejection accounts for."""
+    if isinstance(request, bytes):
+        from google.protobuf.message import DecodeError
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        try:
+            request = ExportTraceServiceRequest.FromString(request)
+        except DecodeError:
+            return 0
     resource_spans = getattr(request, "resource_spans", None)
     if resource_spans is None:
         return 0

@@ -189,3 +189,16 @@ def test_admin_auth_accepts_its_own_tokens_or_basic_and_not_receiver_tokens(tmp_
     assert not admin.check("Bearer x")
     assert not admin.check(None)
     assert AdminAuthenticator(AdminAuthConfig(), environ={}).check(None)  # off unless configured
+
+
+def test_rejected_spans_are_counted_from_parsed_or_raw_requests():
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+
+    request = ExportTraceServiceRequest(
+        resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=[Span(name="a"), Span(name="b")])])] * 2
+    )
+    assert auth.count_request_spans(request) == 4
+    assert auth.count_request_spans(request.SerializeToString()) == 4  # H4's raw-bytes generic handler
+    assert auth.count_request_spans(b"\xff\xff") == 0
+    assert auth.count_request_spans(object()) == 0
