@@ -298,5 +298,7 @@ def test_container_config_and_expectations_validate_with_stepwatch(tmp_path: Pat
         assert loaded.receivers.http.endpoint == "0.0.0.0:4318"
         assert loaded.exporters.prometheus.endpoint == "0.0.0.0:9464"
         assert str(loaded.expectations.file) == "/etc/stepwatch/expectations.yaml"
+        # The write-ahead log lives in the data volume (Dockerfile VOLUME, StatefulSet volumeClaimTemplate).
+        assert str(loaded.durability.data_dir) == "/var/lib/stepwatch"
         store = parse_expectations(expectations_text, "expectations.yaml")
         assert set(store.task_keys) == {"refund-order", "support-conversation"}
