@@ -6,7 +6,7 @@ import asyncio
 import importlib.util
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import ModuleType
@@ -72,15 +72,20 @@ class Metrics:
         return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
 
 
-async def eventually(check: Callable[[], Any], timeout: float = 15.0, interval: float = 0.05) -> Any:
-    """Poll an (async or sync) check until it returns a truthy value; fail with the last value."""
+_TRUTHY = object()
+
+
+async def eventually(
+    check: Callable[[], Any], expect: Any = _TRUTHY, timeout: float = 15.0, interval: float = 0.05
+) -> Any:
+    """Poll an (async or sync) check until it returns `expect` (default: anything truthy)."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
         last = check()
         if asyncio.iscoroutine(last):
             last = await last
-        if last:
+        if last if expect is _TRUTHY else last == expect:
             return last
         await asyncio.sleep(interval)
     raise AssertionError(f"condition not met within {timeout}s (last value: {last!r})")
@@ -88,7 +93,7 @@ async def eventually(check: Callable[[], Any], timeout: float = 15.0, interval: 
 
 @asynccontextmanager
 async def running(
-    tmp_path: Path, expectations: str | None = None, **overrides: Any
+    tmp_path: Path, expectations: str | None = None, exporters: Sequence[Any] = (), **overrides: Any
 ) -> AsyncIterator[tuple[Service, Metrics]]:
     raw = deep_merge(FAST, overrides)
     if expectations is not None:
@@ -99,7 +104,7 @@ async def running(
     import yaml
 
     config_file.write_text(yaml.safe_dump(raw))
-    service = Service(load_config(config_file, environ={}))
+    service = Service(load_config(config_file, environ={}), exporters=exporters)
     await service.start()
     try:
         assert service.metrics_server is not None
