@@ -1,0 +1,157 @@
+"""Scores as OTel metrics, exported over OTLP by the SDK's own MeterProvider (never the global one).
+
+Instruments (names sit beside the semconv `gen_ai.evaluation.result` event, which defines no
+metric yet; they deliberately differ from the `stepwatch_*` Prometheus names so that a collector's
+Prometheus exporter and stepwatch's /metrics never produce the same series):
+  gen_ai.evaluation.score    histogram, unit 1     one point per score (no score, no point)
+  gen_ai.evaluation.results  counter, unit {result} one per evaluation, split by outcome
+Attributes (bounded): gen_ai.evaluation.name, gen_ai.evaluation.score.label, stepwatch.task_key,
+stepwatch.partition.type, and on the counter stepwatch.evaluation.outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from opentelemetry.sdk.metrics import Counter, Histogram, MeterProvider
+from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+from opentelemetry.sdk.resources import Resource
+
+from .. import __version__
+from .config import OtelMetricsExporterConfig
+from .events import ScoreEvent
+from .otlp import BoundedValues, default_resource, otlp_metric_exporter
+
+log = logging.getLogger(__name__)
+
+SCORE_HISTOGRAM = "gen_ai.evaluation.score"
+RESULTS_COUNTER = "gen_ai.evaluation.results"
+
+ATTR_NAME = "gen_ai.evaluation.name"
+ATTR_LABEL = "gen_ai.evaluation.score.label"
+ATTR_TASK_KEY = "stepwatch.task_key"
+ATTR_PARTITION_TYPE = "stepwatch.partition.type"
+ATTR_OUTCOME = "stepwatch.evaluation.outcome"
+
+SCORE_BUCKETS = (
+    0.1,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.6,
+    0.7,
+    0.8,
+    0.9,
+    0.95,
+    1.0,
+    2,
+    5,
+    10,
+    25,
+    50,
+    100,
+    1000,
+    10000,
+    100000,
+)
+"""Fine in [0, 1] (most metrics are ratios), coarse above for the count/latency/token metrics."""
+
+_LABELS = frozenset({"pass", "fail"})
+
+
+def score_label(event: ScoreEvent) -> str:
+    """The scorer's label when it set one, else pass/fail from the outcome; `_none` otherwise."""
+    if event.label:
+        return event.label
+    return event.outcome if event.outcome in _LABELS else "_none"
+
+
+class OtelMetricsExporter:
+    """Records each ScoreEvent on two SDK instruments; the SDK's reader thread does the export."""
+
+    name = "otel_metrics"
+
+    def __init__(
+        self,
+        config: OtelMetricsExporterConfig,
+        *,
+        resource: Resource | None = None,
+        metric_exporter: MetricExporter | None = None,
+        task_key_label: Callable[[str | None], str] | None = None,
+    ) -> None:
+        """`task_key_label` lets the service apply the same task-key bounding as its Prometheus view
+        (e.g. unregistered keys -> `unregistered`); by default the first max_task_keys are kept."""
+        self.config = config
+        self._resource = resource or default_resource()
+        self._metric_exporter = metric_exporter
+        self._task_key = task_key_label or BoundedValues(config.max_task_keys)
+        self._metric_name = BoundedValues(config.max_metrics)
+        self._provider: MeterProvider | None = None
+        self._histogram: Histogram | None = None
+        self._counter: Counter | None = None
+
+    async def start(self) -> None:
+        if self._provider is not None:
+            return
+        exporter = self._metric_exporter or otlp_metric_exporter(self.config.otlp)
+        reader = PeriodicExportingMetricReader(
+            exporter,
+            export_interval_millis=self.config.export_interval_seconds * 1000,
+            export_timeout_millis=self.config.otlp.timeout_seconds * 1000,
+            cardinality_limits={
+                Histogram: self.config.cardinality_limit,
+                Counter: self.config.cardinality_limit,
+            },
+        )
+        self._provider = MeterProvider(
+            resource=self._resource,
+            metric_readers=[reader],
+            views=[
+                View(
+                    instrument_name=SCORE_HISTOGRAM,
+                    aggregation=ExplicitBucketHistogramAggregation(boundaries=SCORE_BUCKETS),
+                ),
+                View(instrument_name="*"),
+            ],
+        )
+        meter = self._provider.get_meter("stepwatch.evaluation", __version__)
+        self._histogram = meter.create_histogram(
+            SCORE_HISTOGRAM, unit="1", description="Evaluation scores, per metric and task key."
+        )
+        self._counter = meter.create_counter(
+            RESULTS_COUNTER,
+            unit="{result}",
+            description="Evaluations by outcome (pass, fail, error, not_scored).",
+        )
+
+    def export(self, event: ScoreEvent) -> None:
+        """Record one event; in-memory aggregation only, never blocks."""
+        if self._histogram is None or self._counter is None:
+            return
+        attributes = {
+            ATTR_NAME: self._metric_name(event.metric),
+            ATTR_LABEL: score_label(event),
+            ATTR_TASK_KEY: self._task_key(event.task_key),
+            ATTR_PARTITION_TYPE: event.partition_type,
+        }
+        if event.score is not None:
+            self._histogram.record(event.score, attributes)
+        self._counter.add(1, {**attributes, ATTR_OUTCOME: event.outcome})
+
+    async def force_flush(self, timeout_seconds: float = 10.0) -> bool:
+        """Export now (off the event loop: the SDK exporter makes blocking calls)."""
+        if self._provider is None:
+            return True
+        provider = self._provider
+        return await asyncio.to_thread(provider.force_flush, int(timeout_seconds * 1000))
+
+    async def shutdown(self) -> None:
+        """Final collection and export, then release the reader thread; idempotent."""
+        provider, self._provider = self._provider, None
+        self._histogram = self._counter = None
+        if provider is not None:
+            await asyncio.to_thread(provider.shutdown)

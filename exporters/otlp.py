@@ -1,0 +1,74 @@
+"""Shared OTLP plumbing for the OTel score streams: the SDK exporters built from OtlpConfig,
+and bounded attribute values."""
+
+from __future__ import annotations
+
+from opentelemetry.sdk._logs.export import LogRecordExporter
+from opentelemetry.sdk.metrics.export import MetricExporter
+from opentelemetry.sdk.resources import Resource
+
+from .. import __version__
+from .config import OtlpConfig
+
+SERVICE_NAME = "stepwatch"
+OTHER = "_other"
+NONE = "_none"
+
+
+def default_resource() -> Resource:
+    """service.name/version of stepwatch, merged with OTEL_RESOURCE_ATTRIBUTES / OTEL_SERVICE_NAME."""
+    return Resource.create({"service.name": SERVICE_NAME, "service.version": __version__})
+
+
+def _headers(config: OtlpConfig) -> dict[str, str] | None:
+    # None lets the SDK read OTEL_EXPORTER_OTLP_(METRICS_|LOGS_)HEADERS.
+    return dict(config.headers) if config.headers else None
+
+
+def otlp_metric_exporter(config: OtlpConfig) -> MetricExporter:
+    """An OTLP metric exporter; unset endpoint/headers come from the standard OTEL_* variables."""
+    if config.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+        return OTLPMetricExporter(
+            endpoint=config.endpoint, headers=_headers(config), timeout=config.timeout_seconds
+        )
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+        OTLPMetricExporter as HttpMetricExporter,
+    )
+
+    return HttpMetricExporter(
+        endpoint=config.endpoint, headers=_headers(config), timeout=config.timeout_seconds
+    )
+
+
+def otlp_log_exporter(config: OtlpConfig) -> LogRecordExporter:
+    """An OTLP log exporter; unset endpoint/headers come from the standard OTEL_* variables."""
+    if config.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
+
+        return OTLPLogExporter(
+            endpoint=config.endpoint, headers=_headers(config), timeout=config.timeout_seconds
+        )
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HttpLogExporter
+
+    return HttpLogExporter(endpoint=config.endpoint, headers=_headers(config), timeout=config.timeout_seconds)
+
+
+class BoundedValues:
+    """Keeps the first `limit` distinct values of an attribute; later ones collapse into `_other`,
+    so one misbehaving client cannot explode the series count."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._seen: set[str] = set()
+
+    def __call__(self, value: str | None) -> str:
+        if value is None:
+            return NONE
+        if value in self._seen:
+            return value
+        if len(self._seen) < self._limit:
+            self._seen.add(value)
+            return value
+        return OTHER
