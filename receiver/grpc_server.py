@@ -94,6 +94,16 @@ class OtlpGrpcReceiver:
                 f"request is not a valid OTLP ExportTraceServiceRequest ({exc})",
             )
         result = self._sink.consume(request, PROTOCOL)
+        if result.durable is not None:
+            try:
+                await result.durable
+            except OSError as exc:
+                message = f"write-ahead log write failed ({exc.strerror or exc}); retry"
+                await context.abort(
+                    grpc.StatusCode.UNAVAILABLE,
+                    message,
+                    trailing_metadata=retry_trailers(code_pb2.UNAVAILABLE, message, 1.0),
+                )
         return await self._answer(result, context)
 
     async def _answer(self, result: IngestResult, context: grpc.aio.ServicerContext) -> bytes:

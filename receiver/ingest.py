@@ -12,7 +12,7 @@ Every receiver (gRPC, HTTP, Kafka, a WAL replay) turns its wire bytes into an
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -23,6 +23,8 @@ from stepwatch.evaluator.buffer import ROOT_ENDED, Admission, SpanRecord
 from stepwatch.evaluator.model import Span
 
 from .otlp_proto import decode_request_bytes, span_rejection
+from .wal import WriteAheadLog
+from .wal_format import WalEntry
 
 _ZERO_TRACE_ID = bytes(16)
 _ZERO_SPAN_ID = bytes(8)
@@ -41,6 +43,9 @@ class IngestResult:
     """Set when nothing was taken because the buffer is full: answer RESOURCE_EXHAUSTED/429."""
     unavailable: bool = False
     """Nothing was taken because the service is shutting down: answer UNAVAILABLE/503."""
+    durable: Awaitable[None] | None = None
+    """Set when the accepted spans are being written to the write-ahead log: await it before
+    answering; it raises OSError when the write failed (answer UNAVAILABLE/503)."""
 
 
 class SpanSink(Protocol):
@@ -103,6 +108,8 @@ class Ingestor:
     limits_note: str = ""
     closing: bool = False
     on_accept: Callable[[], None] | None = field(default=None, repr=False)
+    wal: WriteAheadLog | None = field(default=None, repr=False)
+    """When set, every request with spans taken is logged (keyed by trace id) before it is answered."""
 
     def consume(self, request: ExportTraceServiceRequest, protocol: str) -> IngestResult:
         records, rejected, details, total = split_request(request)
@@ -117,11 +124,22 @@ class Ingestor:
             result.unavailable = True
             return result
         if records:
+            wal = self.wal
+            payload = b""
+            if wal is not None:
+                payload = WalEntry("", "otlp_proto", records_to_request_bytes(records)).to_bytes()
+                if not wal.has_room(len(payload)):
+                    acc.rejected["wal_full"] += len(records)
+                    result.retry_after = self.retry_after
+                    return result
             admission = self.buffer.offer(records)
             if admission.full:
                 acc.rejected["buffer_full"] += len(records)
                 result.retry_after = self.retry_after
                 return result
+            if wal is not None:
+                ref, result.durable = wal.append_nowait(payload)
+                wal.track(ref, {rec[0] for rec in records})
             if admission.limit:
                 rejected["limit"] += admission.limit
                 details["limit"] = f"its partition was closed early at a size limit ({self.limits_note})"

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from stepwatch.evaluator.buffer import BufferLimits
 from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES
+from stepwatch.receiver.wal import WalConfig
 
 ENV_PREFIX = "STEPWATCH_"
 ENV_CONFIG_FILE = "STEPWATCH_CONFIG"
@@ -85,8 +86,11 @@ class BufferConfig(Section):
         gt=0,
         description="Seconds with no new span, after the root span ended, to close a trace.",
     )
-    rootless_trace_idle_timeout: float = Field(
-        default=30.0, gt=0, description="Seconds with no new span to close a trace whose root never arrived."
+    rootless_trace_idle_timeout: float | None = Field(
+        default=None,
+        gt=0,
+        description="Seconds with no new span to close a trace whose root never arrived; "
+        "default max(30, trace_idle_timeout).",
     )
     max_trace_age: float = Field(
         default=300.0, gt=0, description="Seconds after its first span a trace is closed."
@@ -131,7 +135,10 @@ class BufferConfig(Section):
 
     @model_validator(mode="after")
     def _ordered(self) -> BufferConfig:
-        if self.rootless_trace_idle_timeout < self.trace_idle_timeout:
+        if (
+            self.rootless_trace_idle_timeout is not None
+            and self.rootless_trace_idle_timeout < self.trace_idle_timeout
+        ):
             raise ValueError("rootless_trace_idle_timeout must be >= trace_idle_timeout")
         if self.max_trace_age < self.trace_idle_timeout:
             raise ValueError("max_trace_age must be >= trace_idle_timeout")
@@ -142,7 +149,8 @@ class BufferConfig(Section):
     def limits(self) -> BufferLimits:
         return BufferLimits(
             trace_idle_timeout=self.trace_idle_timeout,
-            rootless_trace_idle_timeout=self.rootless_trace_idle_timeout,
+            rootless_trace_idle_timeout=self.rootless_trace_idle_timeout
+            or max(30.0, self.trace_idle_timeout),
             max_trace_age=self.max_trace_age,
             session_idle_timeout=self.session_idle_timeout,
             max_session_age=self.max_session_age,
@@ -201,6 +209,41 @@ class ExportersConfig(Section):
     )
 
 
+class DurabilityConfig(Section):
+    """Write-ahead log for OTLP gRPC/HTTP spans (docs/durability.md); on when `data_dir` is set."""
+
+    data_dir: Path | None = Field(
+        default=None, description="State directory; the write-ahead log lives in DATA_DIR/wal. Unset: no log."
+    )
+    wal: bool = Field(default=True, description="Log accepted spans when data_dir is set (--no-wal: off).")
+    fsync: Literal["always", "interval", "never"] = Field(
+        default="interval",
+        description="always | interval (an OS crash loses at most fsync_interval_ms) | never.",
+    )
+    fsync_interval_ms: int = Field(default=100, ge=1, le=60_000)
+    segment_bytes: int = Field(default=64 * 2**20, ge=64 * 1024, description="Size cap of one segment file.")
+    max_bytes: int = Field(
+        default=2 * 2**30,
+        description="Disk bound of the log; at the bound receivers push back (429/RESOURCE_EXHAUSTED).",
+    )
+
+    @model_validator(mode="after")
+    def _valid_wal(self) -> DurabilityConfig:
+        self.wal_config()
+        return self
+
+    def wal_config(self) -> WalConfig | None:
+        if self.data_dir is None or not self.wal:
+            return None
+        return WalConfig(
+            directory=self.data_dir / "wal",
+            fsync=self.fsync,
+            fsync_interval_ms=self.fsync_interval_ms,
+            segment_bytes=self.segment_bytes,
+            max_bytes=self.max_bytes,
+        )
+
+
 class LoggingConfig(Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
@@ -212,6 +255,7 @@ class ServiceConfig(Section):
     expectations: ExpectationsConfig = ExpectationsConfig()
     scoring: ScoringConfig = ScoringConfig()
     exporters: ExportersConfig = ExportersConfig()
+    durability: DurabilityConfig = DurabilityConfig()
     logging: LoggingConfig = LoggingConfig()
 
 

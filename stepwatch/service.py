@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
 from stepwatch.evaluator.accounting import SpanAccounting
 from stepwatch.evaluator.buffer import ClosedPartition, PartitionBuffer
 from stepwatch.evaluator.clock import Clock, SystemClock
@@ -37,9 +39,12 @@ from stepwatch.exporters.base import FanOutExporter, ScoreEvent, ScoreExporter
 from stepwatch.exporters.prometheus import BufferGauges, MetricsServer, PrometheusExporter
 from stepwatch.receiver.grpc_server import OtlpGrpcReceiver
 from stepwatch.receiver.http_server import OtlpHttpReceiver
-from stepwatch.receiver.ingest import Ingestor, decode_records
+from stepwatch.receiver.ingest import Ingestor, decode_records, split_request
+from stepwatch.receiver.wal import WriteAheadLog
+from stepwatch.receiver.wal_format import WalEntry
 
 from .config import ServiceConfig, parse_endpoint
+from .delivery import DeliveryTracker
 from .expectations_watch import ExpectationsWatcher
 
 log = logging.getLogger("stepwatch")
@@ -85,7 +90,18 @@ class Service:
         self.prometheus = PrometheusExporter(
             prom.max_task_keys, lambda key: key in self.expectations, self.clock.monotonic
         )
-        self.fanout = FanOutExporter([self.prometheus, *exporters], config.exporters.queue_size)
+        sinks: list[ScoreExporter] = [self.prometheus, *exporters]
+        wal_config = config.durability.wal_config()
+        self.wal: WriteAheadLog | None = None
+        if wal_config is not None:
+            self.wal = WriteAheadLog(wal_config, registry=self.prometheus.registry)
+            self.ingestor.wal = self.wal
+            tracker = DeliveryTracker(len(sinks), self._delivered)
+            sinks = [tracker.wrap(sink) for sink in sinks]
+        self.fanout = FanOutExporter(sinks, config.exporters.queue_size)
+        buf = config.buffer
+        # no span can stay in a partition longer than this; holds older than it were never released
+        self._max_wal_hold = buf.max_trace_age + buf.max_session_age + buf.late_span_window + 60.0
         self.prometheus.watch_ingest(self.accounting, self._gauges, lambda: dict(self.fanout.dropped))
         self.watcher: ExpectationsWatcher | None = None
         if path is not None and config.expectations.watch:
@@ -136,6 +152,9 @@ class Service:
         if self.watcher is not None:
             await self.watcher.start()
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="stepwatch-sweep")
+        if self.wal is not None:
+            await self._replay_wal(self.wal)
+            await self.wal.start()
         if self.grpc is not None:
             await self.grpc.start()
             log.info(
@@ -155,6 +174,29 @@ class Service:
             else "none (unmatched partitions get the expectation-free scorers)",
         )
         self._started = True
+
+    def _delivered(self, event: ScoreEvent) -> None:
+        """Every exporter has handled the event: the spans behind it need no replay."""
+        if self.wal is not None:
+            for trace_id in event.trace_ids:
+                self.wal.release(bytes.fromhex(trace_id))
+
+    async def _replay_wal(self, wal: WriteAheadLog) -> None:
+        """Rebuild the buffers from the log before any receiver opens (timers start now)."""
+        records_replayed = spans = 0
+        for ref, payload in wal.replay():
+            entry = WalEntry.from_bytes(payload)
+            request = ExportTraceServiceRequest.FromString(entry.data)
+            records, _, _, _ = split_request(request)
+            while self.buffer.offer(records).full:  # let the sweep and the scorers make room
+                await asyncio.sleep(self.config.buffer.sweep_interval)
+            wal.track(ref, {rec[0] for rec in records})
+            records_replayed += 1
+            spans += len(records)
+            if records_replayed % 64 == 0:
+                await asyncio.sleep(0)
+        if records_replayed:
+            log.info("write-ahead log: replayed %d span(s) from %d record(s)", spans, records_replayed)
 
     @staticmethod
     def _addr(port: int, endpoint: str) -> str:
@@ -195,6 +237,8 @@ class Service:
         if self.watcher is not None:
             await self.watcher.shutdown()
         await self.fanout.shutdown()
+        if self.wal is not None:
+            await self.wal.stop()
         if self.metrics_server is not None:
             await self.metrics_server.shutdown()
         self._executor.shutdown(wait=True)
@@ -219,6 +263,10 @@ class Service:
                 continue
             if closed:
                 self._dispatch(closed)
+            if self.wal is not None:
+                expired = self.wal.expire_holds(self._max_wal_hold)
+                if expired:
+                    log.warning("write-ahead log: released %d partition hold(s) never released", expired)
 
     def sweep_now(self) -> None:
         """Run one sweep immediately (tests with a manual clock)."""

@@ -39,6 +39,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="close a session this long after its last span",
     )
+    parser.add_argument(
+        "--data-dir", metavar="DIR", help="state directory: write-ahead log of accepted spans in DIR/wal"
+    )
+    parser.add_argument(
+        "--no-wal",
+        dest="wal",
+        action="store_const",
+        const=False,
+        help="do not log spans (even with --data-dir)",
+    )
     parser.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="logging level")
 
 
@@ -51,6 +61,8 @@ def flag_overrides(args: argparse.Namespace) -> dict[str, tuple[object, str]]:
         "expectations.file": (args.expectations, "--expectations"),
         "buffer.trace_idle_timeout": (args.trace_idle_timeout, "--trace-idle-timeout"),
         "buffer.session_idle_timeout": (args.session_idle_timeout, "--session-idle-timeout"),
+        "durability.data_dir": (getattr(args, "data_dir", None), "--data-dir"),
+        "durability.wal": (getattr(args, "wal", None), "--no-wal"),
         "logging.level": (getattr(args, "log_level", None), "--log-level"),
     }
 

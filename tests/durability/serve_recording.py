@@ -1,0 +1,67 @@
+"""`stepwatch serve` with one extra exporter that appends each score event's identity to a file.
+
+Run as a subprocess by the crash and scale-out tests: `python serve_recording.py EVENTS_FILE
+[serve flags...]`. Lines are `partition_type partition_id revision trace_id,...`, flushed per batch
+(a SIGKILL keeps what was written), so a test can count distinct traces scored across restarts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from stepwatch.commands.serve import add_arguments, flag_overrides
+from stepwatch.config import load_config
+from stepwatch.exporters.base import ScoreEvent
+from stepwatch.service import Service
+
+
+class FileEventExporter:
+    name = "event-file"
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._file = None
+
+    async def start(self) -> None:
+        self._file = self._path.open("a", buffering=1)
+
+    async def export(self, events: Sequence[ScoreEvent]) -> None:
+        assert self._file is not None
+        self._file.write(
+            "".join(
+                f"{e.partition_type} {e.partition_id} {e.revision} {','.join(e.trace_ids)}\n" for e in events
+            )
+        )
+        self._file.flush()
+
+    async def shutdown(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+async def main(events: Path, args: argparse.Namespace) -> None:
+    import logging
+
+    config = load_config(None, flags=flag_overrides(args))
+    logging.basicConfig(level=config.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    service = Service(config, exporters=[FileEventExporter(events)])
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await service.start()
+    print("ready", flush=True)
+    await stop.wait()
+    await service.shutdown()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    events_file = Path(sys.argv[1])
+    asyncio.run(main(events_file, parser.parse_args(sys.argv[2:])))
