@@ -31,7 +31,12 @@ Outcome = Literal["pass", "fail", "error", "not_scored"]
 class ScoreEvent(BaseModel):
     """One metric's verdict on one closed partition revision, as consumers receive it."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", title="StepwatchScoreEvent")
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        title="StepwatchScoreEvent",
+        json_schema_serialization_defaults_required=True,  # every field is always on the wire
+    )
 
     event_id: str = Field(
         description="Stable id: sha256 hex (32 chars) of tenant|partition_type|partition_id|metric|revision. "

@@ -1,0 +1,184 @@
+"""ScoreEvent: ids consumers deduplicate on, payload stripping, wire format, schema, config rules."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from aiokafka.codec import has_snappy
+from pydantic import ValidationError
+from scorestream_helpers import make_event, make_partition
+
+from stepwatch import __version__
+from stepwatch.evaluator.expectation import Expectation
+from stepwatch.evaluator.results import ScoreResult
+from stepwatch.exporters.config import KafkaExporterConfig, SpoolConfig
+from stepwatch.exporters.events import (
+    ScoreEvent,
+    build_score_event,
+    compute_event_id,
+    score_event_json_schema,
+)
+
+FIELDS = [
+    "event_id",
+    "schema_version",
+    "tenant",
+    "partition_type",
+    "partition_id",
+    "trace_ids",
+    "session_id",
+    "task_key",
+    "metric",
+    "score",
+    "passed",
+    "threshold",
+    "label",
+    "details",
+    "close_reason",
+    "revision",
+    "scored_at",
+    "evaluator_version",
+    "expectation_version",
+]
+
+
+def build(result: ScoreResult, **kw: object) -> ScoreEvent:
+    options: dict[str, object] = {
+        "revision": 0,
+        "close_reason": "idle",
+        "tenant": None,
+        "expectation_version": None,
+        "include_payloads": False,
+        "scored_at": datetime(2026, 1, 1, tzinfo=UTC),
+    }
+    options.update(kw)
+    return build_score_event(result, make_partition(0), **options)  # type: ignore[arg-type]
+
+
+def test_wire_form_has_every_contract_field_and_round_trips() -> None:
+    event = make_event(4, 2)
+    wire = json.loads(event.to_json_bytes())
+    assert set(FIELDS) <= set(wire)
+    assert wire["schema_version"] == 1
+    assert wire["evaluator_version"] == __version__
+    assert wire["scored_at"] == "2026-01-02T03:04:05.678000Z"
+    assert ScoreEvent.model_validate_json(event.to_json_bytes()) == event
+
+
+def test_scored_at_is_normalised_to_utc() -> None:
+    plus_two = timezone(timedelta(hours=2))
+    event = build(
+        ScoreResult(metric="m", score=1.0, passed=True), scored_at=datetime(2026, 1, 1, 2, tzinfo=plus_two)
+    )
+    assert json.loads(event.to_json_bytes())["scored_at"] == "2026-01-01T00:00:00.000000Z"
+    with pytest.raises(ValidationError):
+        ScoreEvent.model_validate({**json.loads(event.to_json_bytes()), "scored_at": "2026-01-01T00:00:00"})
+
+
+def test_event_id_is_stable_and_separates_tenant_metric_and_revision() -> None:
+    result = ScoreResult(metric="agent.step_accuracy", score=0.5, passed=False)
+    first = build(result, revision=1, tenant="acme")
+    again = build(
+        result.model_copy(update={"score": 0.9}), revision=1, tenant="acme", scored_at=datetime.now(UTC)
+    )
+    assert (
+        first.event_id
+        == again.event_id
+        == compute_event_id("acme", "trace", first.partition_id, result.metric, 1)
+    )
+    others = {
+        build(result, revision=2, tenant="acme").event_id,
+        build(result, revision=1, tenant="other").event_id,
+        build(result, revision=1, tenant=None).event_id,
+        build(result.model_copy(update={"metric": "trajectory"}), revision=1, tenant="acme").event_id,
+    }
+    assert first.event_id not in others and len(others) == 4
+
+
+def test_step_payloads_are_stripped_at_any_depth_unless_asked_for() -> None:
+    metadata = {
+        "input": "top-level prompt",
+        "alignment": [
+            {"expected": "search", "observed": {"name": "search", "input": {"q": "pii"}, "output": "r"}}
+        ],
+        "counts": {"matched": 3},
+    }
+    result = ScoreResult(metric="agent.step_accuracy", score=0.75, passed=False, metadata=metadata)
+    stripped = build(result).details
+    assert stripped == {
+        "alignment": [{"expected": "search", "observed": {"name": "search"}}],
+        "counts": {"matched": 3},
+    }
+    assert "pii" not in json.dumps(stripped)
+    assert build(result, include_payloads=True).details == metadata
+
+
+def test_metadata_is_made_json_safe() -> None:
+    result = ScoreResult(
+        metric="m",
+        score=1.0,
+        passed=True,
+        metadata={"pair": (1, 2), "ratio": math.nan, "when": datetime(2026, 1, 1)},
+    )
+    details = build(result).details
+    assert details["pair"] == [1, 2]
+    assert details["ratio"] is None
+    assert details["when"].startswith("2026-01-01")
+    json.loads(build(result).to_json_bytes())  # strict JSON: no NaN
+
+
+def test_outcomes_errors_and_ids_from_the_partition() -> None:
+    expectation = Expectation(expected_steps=["search", "book"])
+    error = build(
+        ScoreResult(metric="plan_adherence", error="judge timeout"), expectation_version=expectation.version
+    )
+    assert (error.outcome, error.score, error.passed, error.error) == ("error", None, None, "judge timeout")
+    assert error.expectation_version == expectation.version
+    skipped = build(ScoreResult(metric="plan_adherence", not_scored="judge budget exhausted"))
+    assert (skipped.outcome, skipped.not_scored) == ("not_scored", "judge budget exhausted")
+    nan = build(ScoreResult(metric="m", score=math.inf, passed=True))
+    assert (nan.outcome, nan.score, nan.passed) == ("error", None, None)
+    ok = build(ScoreResult(metric="m", score=0.9, passed=True, threshold=0.8, label="pass"))
+    partition = make_partition(0)
+    assert ok.trace_ids == [partition.id]
+    assert ok.root_span_id == next(s.span_id for s in partition.spans if s.parent_span_id is None)
+    assert (ok.outcome, ok.task_key, ok.partition_type) == ("pass", "book-flight", "trace")
+
+
+def test_json_schema_documents_and_validates_the_wire_form() -> None:
+    schema = score_event_json_schema()
+    assert set(FIELDS) <= set(schema["properties"])
+    assert set(FIELDS) <= set(schema["required"])  # every field is always present, null or not
+    assert all(prop.get("description") for prop in schema["properties"].values())
+    assert schema["additionalProperties"] is False
+
+
+def test_kafka_config_rules() -> None:
+    assert KafkaExporterConfig().compression == "gzip"
+    assert KafkaExporterConfig().acks == "all"
+    assert KafkaExporterConfig().enable_idempotence is False
+    if not has_snappy():
+        with pytest.raises(ValidationError, match="cramjam"):
+            KafkaExporterConfig(compression="snappy")
+    with pytest.raises(ValidationError, match="sasl_mechanism"):
+        KafkaExporterConfig(security_protocol="SASL_SSL")
+    with pytest.raises(ValidationError, match="go together"):
+        KafkaExporterConfig(security_protocol="SSL", ssl_certfile=Path("c.pem"))
+    with pytest.raises(ValidationError, match="segment_bytes"):
+        SpoolConfig(max_bytes=8192, segment_bytes=16384)
+    with pytest.raises(ValidationError):
+        KafkaExporterConfig(unknown_key=1)  # type: ignore[call-arg]
+
+
+def test_sasl_credentials_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = KafkaExporterConfig(security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN")
+    monkeypatch.delenv("STEPWATCH_KAFKA_SASL_PASSWORD", raising=False)
+    monkeypatch.setenv("STEPWATCH_KAFKA_SASL_USERNAME", "svc")
+    with pytest.raises(ValueError, match="STEPWATCH_KAFKA_SASL_PASSWORD"):
+        config.sasl_credentials()
+    monkeypatch.setenv("STEPWATCH_KAFKA_SASL_PASSWORD", "s3cret")
+    assert config.sasl_credentials() == ("svc", "s3cret")
