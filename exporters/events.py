@@ -157,6 +157,40 @@ def build_score_event(
 ) -> ScoreEvent:
     """Turn one ScoreResult on one partition revision into the event every score stream receives."""
     trace_ids = list(partition.trace_ids) or ([partition.id] if partition.type == "trace" else [])
+    return make_score_event(
+        result,
+        partition_type=partition.type,
+        partition_id=partition.id,
+        trace_ids=trace_ids,
+        root_span=root_span_id(partition, trace_ids[0] if trace_ids else None),
+        session_id=partition.session_id,
+        task_key=partition.task_key,
+        revision=revision,
+        close_reason=close_reason,
+        tenant=tenant,
+        expectation_version=expectation_version,
+        include_payloads=include_payloads,
+        scored_at=scored_at,
+    )
+
+
+def make_score_event(
+    result: ScoreResult,
+    *,
+    partition_type: Literal["trace", "session"],
+    partition_id: str,
+    trace_ids: list[str],
+    root_span: str | None,
+    session_id: str | None,
+    task_key: str | None,
+    revision: int,
+    close_reason: str,
+    tenant: str | None,
+    expectation_version: str | None,
+    include_payloads: bool,
+    scored_at: datetime,
+) -> ScoreEvent:
+    """The builder for callers that hold partition identity but not its spans (the service)."""
     details = result.metadata if include_payloads else strip_payloads(result.metadata)
     score = result.score
     error = result.error
@@ -164,14 +198,14 @@ def build_score_event(
         score, error = None, error or f"non-finite score {score!r}"
     outcome: Outcome = "error" if error is not None else result.outcome  # type: ignore[assignment]
     return ScoreEvent(
-        event_id=compute_event_id(tenant, partition.type, partition.id, result.metric, revision),
+        event_id=compute_event_id(tenant, partition_type, partition_id, result.metric, revision),
         tenant=tenant,
-        partition_type=partition.type,
-        partition_id=partition.id,
+        partition_type=partition_type,
+        partition_id=partition_id,
         trace_ids=trace_ids,
-        root_span_id=root_span_id(partition, trace_ids[0] if trace_ids else None),
-        session_id=partition.session_id,
-        task_key=partition.task_key,
+        root_span_id=root_span,
+        session_id=session_id,
+        task_key=task_key,
         metric=result.metric,
         score=score,
         passed=result.passed if score is not None else None,

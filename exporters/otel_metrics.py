@@ -23,7 +23,7 @@ from opentelemetry.sdk.resources import Resource
 from .. import __version__
 from .config import OtelMetricsExporterConfig
 from .events import ScoreEvent
-from .otlp import BoundedValues, default_resource, otlp_metric_exporter
+from .otlp import BoundedValues, RegisteredTaskKeys, default_resource, otlp_metric_exporter
 
 log = logging.getLogger(__name__)
 
@@ -81,14 +81,19 @@ class OtelMetricsExporter:
         *,
         resource: Resource | None = None,
         metric_exporter: MetricExporter | None = None,
-        task_key_label: Callable[[str | None], str] | None = None,
+        is_registered: Callable[[str], bool] | None = None,
     ) -> None:
-        """`task_key_label` lets the service apply the same task-key bounding as its Prometheus view
-        (e.g. unregistered keys -> `unregistered`); by default the first max_task_keys are kept."""
+        """With `is_registered` (the service's expectations lookup) task keys follow the Prometheus
+        rule: registered keys up to max_task_keys keep their value, everything else is
+        `unregistered`. Without it, the first max_task_keys distinct keys are kept (`_other`)."""
         self.config = config
         self._resource = resource or default_resource()
         self._metric_exporter = metric_exporter
-        self._task_key = task_key_label or BoundedValues(config.max_task_keys)
+        self._task_key: Callable[[str | None], str] = (
+            RegisteredTaskKeys(config.max_task_keys, is_registered)
+            if is_registered is not None
+            else BoundedValues(config.max_task_keys)
+        )
         self._metric_name = BoundedValues(config.max_metrics)
         self._provider: MeterProvider | None = None
         self._histogram: Histogram | None = None

@@ -3,6 +3,8 @@ and bounded attribute values."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from opentelemetry.sdk._logs.export import LogRecordExporter
 from opentelemetry.sdk.metrics.export import MetricExporter
 from opentelemetry.sdk.resources import Resource
@@ -13,6 +15,7 @@ from .config import OtlpConfig
 SERVICE_NAME = "stepwatch"
 OTHER = "_other"
 NONE = "_none"
+UNREGISTERED = "unregistered"
 
 
 def default_resource() -> Resource:
@@ -72,3 +75,18 @@ class BoundedValues:
             self._seen.add(value)
             return value
         return OTHER
+
+
+class RegisteredTaskKeys:
+    """docs/metrics.md's task-key rule: registered keys (the first `limit` seen) keep their value;
+    unregistered or missing keys, and registered ones past the cap, share `unregistered`."""
+
+    def __init__(self, limit: int, is_registered: Callable[[str], bool]) -> None:
+        self._registered = is_registered
+        self._kept = BoundedValues(limit)
+
+    def __call__(self, value: str | None) -> str:
+        if value is None or not self._registered(value):
+            return UNREGISTERED
+        kept = self._kept(value)
+        return UNREGISTERED if kept == OTHER else kept

@@ -1,0 +1,94 @@
+"""Plugs the score streams into the service's fan-out (`exporters.base.ScoreExporter`).
+
+The service emits one `base.ScoreEvent` per partition revision holding every metric's result; the
+streams want one wire `events.ScoreEvent` per metric. `ScoreStream` does that conversion and hands
+each wire event to a non-blocking `ScoreEventExporter` (Kafka, OTel metrics, OTel events).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+
+from prometheus_client import CollectorRegistry
+
+from .base import ScoreEvent as PartitionScores
+from .config import KafkaExporterConfig, OtelEventsExporterConfig, OtelMetricsExporterConfig, ScoreEventConfig
+from .events import ScoreEvent, ScoreEventExporter, make_score_event
+
+ROOT_SPAN_ATTRIBUTE = "root_span_id"
+"""`base.ScoreEvent.attributes` key the service sets to the first trace's root span id."""
+TENANT_ATTRIBUTE = "tenant"
+"""`base.ScoreEvent.attributes` key that overrides the configured tenant for one partition."""
+
+
+def wire_events(scores: PartitionScores, config: ScoreEventConfig) -> list[ScoreEvent]:
+    """One wire event per metric result of a partition revision."""
+    nanos = scores.scored_at_unix_nano or time.time_ns()
+    scored_at = datetime.fromtimestamp(nanos / 1e9, tz=UTC)
+    partition_type = "session" if scores.partition_type == "session" else "trace"
+    return [
+        make_score_event(
+            result,
+            partition_type=partition_type,
+            partition_id=scores.partition_id,
+            trace_ids=list(scores.trace_ids),
+            root_span=scores.attributes.get(ROOT_SPAN_ATTRIBUTE),
+            session_id=scores.session_id,
+            task_key=scores.task_key,
+            revision=scores.revision,
+            close_reason=scores.close_reason,
+            tenant=scores.attributes.get(TENANT_ATTRIBUTE, config.tenant),
+            expectation_version=scores.expectation_version,
+            include_payloads=config.include_payloads,
+            scored_at=scored_at,
+        )
+        for result in scores.results
+    ]
+
+
+class ScoreStream:
+    """A `base.ScoreExporter` around one `ScoreEventExporter`; export() never raises or waits on I/O."""
+
+    def __init__(self, inner: ScoreEventExporter, events: ScoreEventConfig) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self._events = events
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def export(self, events: Sequence[PartitionScores]) -> None:
+        for scores in events:
+            for event in wire_events(scores, self._events):
+                self.inner.export(event)
+
+    async def shutdown(self) -> None:
+        await self.inner.shutdown()
+
+
+def build_score_streams(
+    *,
+    events: ScoreEventConfig,
+    kafka: KafkaExporterConfig,
+    otel_metrics: OtelMetricsExporterConfig,
+    otel_events: OtelEventsExporterConfig,
+    registry: CollectorRegistry,
+    is_registered: Callable[[str], bool] | None = None,
+) -> list[ScoreStream]:
+    """The enabled streams, ready to pass to Service(exporters=...)."""
+    streams: list[ScoreStream] = []
+    if kafka.enabled:
+        from .kafka import KafkaScoreExporter
+
+        streams.append(ScoreStream(KafkaScoreExporter(kafka, registry=registry), events))
+    if otel_metrics.enabled:
+        from .otel_metrics import OtelMetricsExporter
+
+        streams.append(ScoreStream(OtelMetricsExporter(otel_metrics, is_registered=is_registered), events))
+    if otel_events.enabled:
+        from .otel_events import OtelEventsExporter
+
+        streams.append(ScoreStream(OtelEventsExporter(otel_events), events))
+    return streams
