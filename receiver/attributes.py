@@ -55,8 +55,14 @@ def json_int(raw: Any, where: str) -> int:
     raise DecodeError(f"{where}: expected an integer (number or decimal string), got {raw!r:.60}")
 
 
-def json_value(value: Any, where: str) -> Any:
+MAX_ANY_VALUE_DEPTH = 64
+"""Nested arrayValue/kvlistValue levels accepted; protobuf's own parser stops at 100."""
+
+
+def json_value(value: Any, where: str, depth: int = 0) -> Any:
     """Convert an OTLP/JSON AnyValue object; unknown members are ignored, as OTLP/JSON requires."""
+    if depth > MAX_ANY_VALUE_DEPTH:
+        raise DecodeError(f"{where}: AnyValue nested deeper than {MAX_ANY_VALUE_DEPTH} levels")
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -76,18 +82,28 @@ def json_value(value: Any, where: str) -> Any:
                 return float(raw)
             except ValueError as exc:
                 raise DecodeError(f"{where}: doubleValue {raw!r:.40} is not a number") from exc
-        return float(raw)
+        if isinstance(raw, int | float) and not isinstance(raw, bool):
+            return float(raw)
+        raise DecodeError(f"{where}: doubleValue {raw!r:.40} is not a number")
     if "arrayValue" in value:
-        items = (value["arrayValue"] or {}).get("values") or []
-        return [json_value(item, f"{where}[{i}]") for i, item in enumerate(items)]
+        array = value["arrayValue"] or {}
+        if not isinstance(array, dict):
+            raise DecodeError(f"{where}: arrayValue must be an object with `values`")
+        items = array.get("values") or []
+        if not isinstance(items, list):
+            raise DecodeError(f"{where}: arrayValue.values must be a list")
+        return [json_value(item, f"{where}[{i}]", depth + 1) for i, item in enumerate(items)]
     if "kvlistValue" in value:
-        return json_attributes((value["kvlistValue"] or {}).get("values") or [], where)
+        kvlist = value["kvlistValue"] or {}
+        if not isinstance(kvlist, dict):
+            raise DecodeError(f"{where}: kvlistValue must be an object with `values`")
+        return json_attributes(kvlist.get("values") or [], where, depth + 1)
     if "bytesValue" in value:
         return value["bytesValue"]
     return None
 
 
-def json_attributes(key_values: Any, where: str) -> dict[str, Any]:
+def json_attributes(key_values: Any, where: str, depth: int = 0) -> dict[str, Any]:
     """An OTLP/JSON `attributes` array ([{"key": ..., "value": {...}}]) as a dict."""
     if not isinstance(key_values, list):
         raise DecodeError(f"{where}: attributes must be a list, got {type(key_values).__name__}")
@@ -96,5 +112,5 @@ def json_attributes(key_values: Any, where: str) -> dict[str, Any]:
         if not isinstance(kv, dict) or not isinstance(kv.get("key"), str):
             raise DecodeError(f"{where}: attribute entries need a string `key`")
         key = kv["key"]
-        out[key] = json_value(kv.get("value"), f"{where}.{key}")
+        out[key] = json_value(kv.get("value"), f"{where}.{key}", depth)
     return out

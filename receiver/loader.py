@@ -74,6 +74,8 @@ def _load_json(body: bytes, source: str) -> LoadedFile:
         document = json.loads(body)
     except UnicodeDecodeError:
         raise LoadError(f"{source}: invalid JSON (not UTF-8 text)") from None
+    except RecursionError:
+        raise LoadError(f"{source}: invalid JSON (nested too deeply)") from None
     except json.JSONDecodeError as exc:
         raise LoadError(
             f"{source}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"

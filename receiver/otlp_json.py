@@ -29,6 +29,8 @@ def decode_json_bytes(data: bytes | str) -> DecodeResult:
         document = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise DecodeError(f"invalid JSON: {exc}") from exc
+    except RecursionError:
+        raise DecodeError("invalid JSON: nested too deeply") from None
     return decode_json(document)
 
 
