@@ -469,6 +469,23 @@ class PartitionBuffer:
                 return [self._close_session(session, "limit", now)]
             return []
 
+    def discard_traces(self, trace_ids: set[bytes]) -> int:
+        """Forget these open traces without scoring them; returns their span count.
+
+        For a Kafka partition handed to another replica: the new owner re-reads its uncommitted
+        messages and scores these traces whole. Traces already closed are left to finish.
+        """
+        dropped = 0
+        with self._lock:
+            for trace_id in trace_ids:
+                trace = self._traces.pop(trace_id, None)
+                if trace is None:
+                    continue
+                del self._traces_by_age[trace_id]
+                dropped += len(trace.records)
+            self._buffered -= dropped
+        return dropped
+
     def done(self, closed: ClosedPartition) -> None:
         """The worker finished scoring `closed`: its spans no longer count as buffered."""
         if closed.new_spans:

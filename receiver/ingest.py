@@ -124,7 +124,7 @@ class Ingestor:
             result.unavailable = True
             return result
         if records:
-            wal = self.wal
+            wal = self.wal if protocol != "kafka" else None  # Kafka is its own log
             payload = b""
             if wal is not None:
                 payload = WalEntry("", "otlp_proto", records_to_request_bytes(records)).to_bytes()

@@ -105,13 +105,15 @@ class KafkaIngestConfig(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class IngestedMessage:
-    """One decoded Kafka message: where it came from and what its request held."""
+    """One Kafka message: where it came from, its value, and (when the ingest decodes) its spans."""
 
     topic: str
     partition: int
     offset: int
     key: bytes | None
-    result: DecodeResult
+    value: bytes
+    result: DecodeResult | None
+    """None when the ingest was built with `decode=False`: the sink parses `value` itself."""
 
 
 class IngestSink(Protocol):
@@ -141,13 +143,14 @@ class KafkaIngest:
         registry: CollectorRegistry | None = None,
         retry_on: tuple[type[BaseException], ...] = (),
         on_undecodable: Callable[[IngestedMessage, DecodeError], None] | None = None,
+        decode: bool = True,
     ) -> None:
         self.config = config
         self._sink = sink
         self._on_lost = on_lost
         self._retry_on = retry_on
         self._on_undecodable = on_undecodable
-        self._decode = DECODERS[config.encoding]
+        self._decode = DECODERS[config.encoding] if decode else None
         self._offsets = OffsetTracker()
         self._owned: set[TopicPartition] = set()
         self._lock = asyncio.Lock()
@@ -235,18 +238,21 @@ class KafkaIngest:
 
     async def _ingest(self, tp: TopicPartition, message: Any) -> None:
         self._offsets.consumed(tp, message.offset)
-        try:
-            result = self._decode(message.value or b"")
-        except DecodeError as exc:
-            self.undecodable += 1
-            meta = IngestedMessage(tp.topic, tp.partition, message.offset, message.key, DecodeResult())
-            if self._on_undecodable is not None:
-                self._on_undecodable(meta, exc)
-            else:
-                log.warning("kafka %s[%d]@%d: undecodable message skipped: %s", *meta_fields(meta), exc)
-            self._offsets.track(tp, message.offset, ())
-            return
-        ingested = IngestedMessage(tp.topic, tp.partition, message.offset, message.key, result)
+        value = message.value or b""
+        result = None
+        if self._decode is not None:
+            try:
+                result = self._decode(value)
+            except DecodeError as exc:
+                self.undecodable += 1
+                meta = IngestedMessage(tp.topic, tp.partition, message.offset, message.key, value, None)
+                if self._on_undecodable is not None:
+                    self._on_undecodable(meta, exc)
+                else:
+                    log.warning("kafka %s[%d]@%d: undecodable message skipped: %s", *meta_fields(meta), exc)
+                self._offsets.track(tp, message.offset, ())
+                return
+        ingested = IngestedMessage(tp.topic, tp.partition, message.offset, message.key, value, result)
         backoff = self.config.retry_backoff_ms / 1000
         while True:
             try:

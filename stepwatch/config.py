@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from stepwatch.evaluator.buffer import BufferLimits
 from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES
+from stepwatch.receiver.kafka_ingest import KafkaIngestConfig
 from stepwatch.receiver.wal import WalConfig
 
 ENV_PREFIX = "STEPWATCH_"
@@ -75,9 +76,16 @@ class HttpReceiverConfig(_Endpoint):
     )
 
 
+class KafkaReceiverConfig(KafkaIngestConfig):
+    """OTLP traces from a Kafka topic as a consumer group (docs/durability.md); off by default."""
+
+    enabled: bool = Field(default=False, description="Consume `topic` (set by --kafka-ingest-topic).")
+
+
 class ReceiversConfig(Section):
     grpc: GrpcReceiverConfig = GrpcReceiverConfig()
     http: HttpReceiverConfig = HttpReceiverConfig()
+    kafka: KafkaReceiverConfig = KafkaReceiverConfig()
 
 
 class BufferConfig(Section):

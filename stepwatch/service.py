@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from stepwatch.evaluator.accounting import SpanAccounting
@@ -38,8 +39,9 @@ from stepwatch.evaluator.scorers.registry import ScorerRegistry
 from stepwatch.exporters.base import FanOutExporter, ScoreEvent, ScoreExporter
 from stepwatch.exporters.prometheus import BufferGauges, MetricsServer, PrometheusExporter
 from stepwatch.receiver.grpc_server import OtlpGrpcReceiver
-from stepwatch.receiver.http_server import OtlpHttpReceiver
+from stepwatch.receiver.http_server import BadRequest, OtlpHttpReceiver, request_from_json
 from stepwatch.receiver.ingest import Ingestor, decode_records, split_request
+from stepwatch.receiver.kafka_ingest import IngestedMessage, KafkaIngest, TopicPartition
 from stepwatch.receiver.wal import WriteAheadLog
 from stepwatch.receiver.wal_format import WalEntry
 
@@ -96,6 +98,17 @@ class Service:
         if wal_config is not None:
             self.wal = WriteAheadLog(wal_config, registry=self.prometheus.registry)
             self.ingestor.wal = self.wal
+        self.kafka_ingest: KafkaIngest | None = None
+        if config.receivers.kafka.enabled:
+            self.kafka_ingest = KafkaIngest(
+                config.receivers.kafka,
+                self._from_kafka,
+                self._kafka_partitions_lost,
+                registry=self.prometheus.registry,
+                retry_on=(_Backpressure,),
+                decode=False,
+            )
+        if self.wal is not None or self.kafka_ingest is not None:
             tracker = DeliveryTracker(len(sinks), self._delivered)
             sinks = [tracker.wrap(sink) for sink in sinks]
         self.fanout = FanOutExporter(sinks, config.exporters.queue_size)
@@ -155,6 +168,9 @@ class Service:
         if self.wal is not None:
             await self._replay_wal(self.wal)
             await self.wal.start()
+        if self.kafka_ingest is not None:
+            await self.kafka_ingest.start()
+            log.info("Kafka receiver consuming %s", self.config.receivers.kafka.topic)
         if self.grpc is not None:
             await self.grpc.start()
             log.info(
@@ -177,9 +193,41 @@ class Service:
 
     def _delivered(self, event: ScoreEvent) -> None:
         """Every exporter has handled the event: the spans behind it need no replay."""
-        if self.wal is not None:
-            for trace_id in event.trace_ids:
-                self.wal.release(bytes.fromhex(trace_id))
+        for log_ in (self.wal, self.kafka_ingest):
+            if log_ is not None:
+                for trace_id in event.trace_ids:
+                    log_.release(bytes.fromhex(trace_id))
+
+    async def _from_kafka(self, message: IngestedMessage) -> set[bytes]:
+        """One Kafka message into the buffer; its trace ids are the keys its offset is held by."""
+        try:
+            if self.config.receivers.kafka.encoding == "otlp_json":
+                request = request_from_json(message.value)
+            else:
+                request = ExportTraceServiceRequest.FromString(message.value)
+        except (BadRequest, DecodeError) as exc:
+            self.accounting.requests_rejected["decode"] += 1
+            log.warning(
+                "kafka %s[%d]@%d: undecodable message skipped: %s",
+                message.topic,
+                message.partition,
+                message.offset,
+                exc,
+            )
+            return set()
+        result = self.ingestor.consume(request, "kafka")
+        if result.retry_after is not None or result.unavailable:
+            raise _Backpressure()
+        return {span.trace_id for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans}
+
+    async def _kafka_partitions_lost(self, tps: set[TopicPartition], keys: set[object]) -> None:
+        """Another replica owns these Kafka partitions now: forget their unscored traces."""
+        dropped = self.buffer.discard_traces({key for key in keys if isinstance(key, bytes)})
+        if dropped:
+            self.accounting.rejected["handed_over"] += dropped
+        log.info(
+            "kafka: %d partition(s) handed over, %d buffered span(s) left to the new owner", len(tps), dropped
+        )
 
     async def _replay_wal(self, wal: WriteAheadLog) -> None:
         """Rebuild the buffers from the log before any receiver opens (timers start now)."""
@@ -211,6 +259,8 @@ class Service:
         if self._stopping:
             return
         self._stopping = True
+        if self.kafka_ingest is not None:  # commits its watermark, drops what the next owner re-reads
+            await self.kafka_ingest.stop()
         self.ingestor.closing = True
         for receiver in (self.grpc, self.http):
             if receiver is not None:
@@ -385,6 +435,10 @@ class Service:
             open_partitions=self.buffer.open_partitions(),
             retained_spans=self.buffer.retained_spans,
         )
+
+
+class _Backpressure(Exception):
+    """The buffer (or the service) cannot take a Kafka message now: retry it after a backoff."""
 
 
 def _with_results(event: ScoreEvent, results: tuple[ScoreResult, ...]) -> ScoreEvent:

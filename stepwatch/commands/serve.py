@@ -49,6 +49,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         const=False,
         help="do not log spans (even with --data-dir)",
     )
+    parser.add_argument(
+        "--kafka-bootstrap",
+        metavar="HOST:PORT[,...]",
+        help="Kafka bootstrap servers (default localhost:9092)",
+    )
+    parser.add_argument(
+        "--kafka-ingest-topic",
+        metavar="TOPIC",
+        help="consume OTLP traces from this topic (enables the receiver)",
+    )
+    parser.add_argument("--kafka-ingest-group", metavar="GROUP", help="consumer group (default stepwatch)")
+    parser.add_argument(
+        "--kafka-ingest-encoding",
+        choices=("otlp_proto", "otlp_json"),
+        help="message encoding (default otlp_proto)",
+    )
     parser.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="logging level")
 
 
@@ -63,6 +79,14 @@ def flag_overrides(args: argparse.Namespace) -> dict[str, tuple[object, str]]:
         "buffer.session_idle_timeout": (args.session_idle_timeout, "--session-idle-timeout"),
         "durability.data_dir": (getattr(args, "data_dir", None), "--data-dir"),
         "durability.wal": (getattr(args, "wal", None), "--no-wal"),
+        "receivers.kafka.bootstrap_servers": (getattr(args, "kafka_bootstrap", None), "--kafka-bootstrap"),
+        "receivers.kafka.topic": (getattr(args, "kafka_ingest_topic", None), "--kafka-ingest-topic"),
+        "receivers.kafka.enabled": (
+            True if getattr(args, "kafka_ingest_topic", None) else None,
+            "--kafka-ingest-topic",
+        ),
+        "receivers.kafka.group_id": (getattr(args, "kafka_ingest_group", None), "--kafka-ingest-group"),
+        "receivers.kafka.encoding": (getattr(args, "kafka_ingest_encoding", None), "--kafka-ingest-encoding"),
         "logging.level": (getattr(args, "log_level", None), "--log-level"),
     }
 

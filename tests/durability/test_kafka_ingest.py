@@ -37,6 +37,7 @@ class RecordingSink:
 
     async def __call__(self, message: IngestedMessage) -> Iterable[Hashable]:
         self.messages.append(message)
+        assert message.result is not None
         keys = {span.trace_id for span in message.result.spans}
         for span in message.result.spans:
             self.traces[span.trace_id] = self.traces.get(span.trace_id, 0) + 1
@@ -125,7 +126,7 @@ async def test_consumes_collector_encodings_keyed_by_trace_id(broker: TansuBroke
     assert sink.traces == {t.hex(): 4 for t in trace_ids}
     assert [m.key for m in sink.messages] == trace_ids
     assert ingest.undecodable == 1
-    assert {span.resource_attributes["service.name"] for m in sink.messages for span in m.result.spans} == {
+    assert {span.resource_attributes["service.name"] for m in sink.messages for span in m.result.spans} == {  # type: ignore[union-attr]
         "agent"
     }
 
