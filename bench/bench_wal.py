@@ -1,11 +1,14 @@
-"""Write-ahead log cost on realistic OTLP batches, measured in isolation (not end to end).
+"""Write-ahead log cost: end to end through `stepwatch serve`, and in isolation on loadgen batches.
 
-What it measures, per fsync policy, in one run: the receiver-side work of accepting each loadgen
-batch (protobuf decode, as the gRPC receiver does) with the WAL off, and the same work plus
+End to end: the load generator streams traces to `stepwatch serve` over OTLP/gRPC with the log on
+(`--data-dir`, default fsync policy `interval`) and off (`--no-wal`); accepted spans/s, in one run.
+
+In isolation, per fsync policy: the receiver-side work of accepting each loadgen batch (protobuf decode, as the gRPC receiver does) with the WAL off, and the same work plus
 `await wal.append(...)` and `track(...)` per batch with the WAL on; concurrent appenders stand in
 for concurrent Export calls, and partitions are released a few batches later so segments rotate
 and are deleted as in steady state. It also records how late a 1 ms ticker on the same event loop
-runs (the loop stall that appends cause). Input: `otlp_loadgen.py --no-send --dump DIR` batches
+runs (the loop stall: batch writes happen on the loop), and `append_call_us`, the time of the
+synchronous append_nowait + track calls per request. Input: `otlp_loadgen.py --no-send --dump DIR` batches
 (generated into a temporary directory unless --batches is given).
 
 Run: `.venv/bin/python bench/bench_wal.py [--traces 3000] [--runs 3] [--dir /path/on/the/real/disk]`.
@@ -113,13 +116,62 @@ async def run_once(
     lateness.sort()
     on_loop.sort()
     return {
-        "wal_on_loop_us_p50": 1e6 * on_loop[len(on_loop) // 2] if on_loop else 0.0,
-        "wal_on_loop_us_p99": 1e6 * on_loop[int(0.99 * (len(on_loop) - 1))] if on_loop else 0.0,
+        "append_call_us_p50": 1e6 * on_loop[len(on_loop) // 2] if on_loop else 0.0,
+        "append_call_us_p99": 1e6 * on_loop[int(0.99 * (len(on_loop) - 1))] if on_loop else 0.0,
         "spans_per_s": spans / elapsed,
         "mb_per_s": sum(map(len, batches)) / elapsed / 1e6,
         "loop_stall_ms_p99": 1000 * lateness[int(0.99 * (len(lateness) - 1))] if lateness else 0.0,
         "loop_stall_ms_max": 1000 * lateness[-1] if lateness else 0.0,
     }
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def end_to_end(traces: int, runs: int, base: Path, concurrency: int) -> dict[str, dict[str, float]]:
+    """`stepwatch serve` with the log on (default fsync policy) vs off, loadgen over OTLP/gRPC.
+
+    Server pinned to CPU 1 and loadgen to CPU 0 when `taskset` exists, as the loadgen's bench.py.
+    `spans_per_s` is the loadgen's accepted spans over its wall time (answers include the log write).
+    """
+    import shutil
+
+    pin = shutil.which("taskset")
+    out: dict[str, dict[str, float]] = {}
+    for name in ("off", "interval"):
+        rates = []
+        for i in range(runs):
+            port = _free_port()
+            flags = ["--no-wal"] if name == "off" else ["--data-dir", str(base / f"e2e-{i}")]
+            server_cmd = [
+                sys.executable,
+                "-m",
+                "stepwatch.cli",
+                "serve",
+                "--grpc-endpoint",
+                f"127.0.0.1:{port}",
+            ]
+            server_cmd += ["--http-endpoint", "127.0.0.1:0", "--metrics-endpoint", "127.0.0.1:0", *flags]
+            server_cmd += ["--log-level", "WARNING"]
+            server = subprocess.Popen(([pin, "-c", "1"] if pin else []) + server_cmd)
+            try:
+                gen = [sys.executable, str(LOADGEN), "--target", f"127.0.0.1:{port}", "--traces", str(traces)]
+                gen += ["--concurrency", str(concurrency)]
+                done = subprocess.run(
+                    ([pin, "-c", "0"] if pin else []) + gen, check=True, capture_output=True, text=True
+                )
+                rates.append(json.loads(done.stdout.strip().splitlines()[-1])["spans_per_s"])
+            finally:
+                server.terminate()
+                server.wait(timeout=120)
+        out[name] = {"spans_per_s": round(statistics.median(rates), 1)}
+    out["interval"]["vs_off"] = round(out["interval"]["spans_per_s"] / out["off"]["spans_per_s"], 3)
+    return out
 
 
 async def main() -> None:
@@ -131,6 +183,7 @@ async def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--dir", type=Path, help="where the WAL goes (default: a temporary directory)")
+    parser.add_argument("--e2e-traces", type=int, default=3000, help="traces per end-to-end run (0: skip)")
     args = parser.parse_args()
     batches = load_batches(args.batches, args.traces)
     decoded = [decode_request_bytes(b).spans for b in batches]
@@ -168,6 +221,8 @@ async def main() -> None:
             for row in results.values():
                 row["vs_off"] = round(row["spans_per_s"] / off, 3)
         report[section] = results
+    if args.e2e_traces:
+        report["end_to_end"] = end_to_end(args.e2e_traces, args.runs, base, args.concurrency)
     print(json.dumps(report, indent=2))
 
 

@@ -29,11 +29,16 @@ MAX_PAYLOAD_BYTES = 256 * 1024 * 1024
 """Frames claiming more are treated as damage (a real record is bounded by the receivers' limits)."""
 
 
-def encode_frame(seq: int, payload: bytes) -> bytes:
-    """One frame, ready to append to a segment file."""
+def frame_header(seq: int, payload: bytes) -> bytes:
+    """The header that goes before `payload` in its frame (written together with writev)."""
     length = len(payload)
     crc = zlib.crc32(payload, zlib.crc32(_CRC_FIELDS.pack(length, seq)))
-    return _HEADER.pack(MAGIC, length, seq, crc) + payload
+    return _HEADER.pack(MAGIC, length, seq, crc)
+
+
+def encode_frame(seq: int, payload: bytes) -> bytes:
+    """One frame, ready to append to a segment file."""
+    return frame_header(seq, payload) + payload
 
 
 @dataclass(frozen=True, slots=True)
