@@ -68,9 +68,9 @@ class KafkaIngestConfig(BaseModel):
     @model_validator(mode="after")
     def _check_security(self) -> KafkaIngestConfig:
         if self.security_protocol.startswith("SASL") and self.sasl_mechanism is None:
-            raise ValueError(f"kafka_ingest.sasl_mechanism is required with {self.security_protocol}")
+            raise ValueError(f"receivers.kafka.sasl_mechanism is required with {self.security_protocol}")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
-            raise ValueError("kafka_ingest.tls_cert_file and kafka_ingest.tls_key_file go together")
+            raise ValueError("receivers.kafka.tls_cert_file and receivers.kafka.tls_key_file go together")
         return self
 
     def consumer_kwargs(self) -> dict[str, Any]:
