@@ -67,6 +67,10 @@ def parse_expectations(
         raise ExpectationsError(
             f"{source}: not valid YAML/JSON{where}: {getattr(exc, 'problem', exc)}"
         ) from None
+    except RecursionError:
+        # PyYAML's composer and constructor recurse per nesting level; a hostile file must end in
+        # the store's own error (the service keeps its last good expectations), not crash it.
+        raise ExpectationsError(f"{source}: nested too deeply to be an expectations document") from None
     if document is None:
         document = {"tasks": {}}
     if not isinstance(document, dict):
