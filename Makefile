@@ -33,5 +33,8 @@ test: setup system-deps
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 
+# Benchmarks are run on demand, never in CI; each prints medians and compares with its floor.
 bench: setup
-	$(BIN)/python bench/run_all.py
+	$(BIN)/python bench/bench_step_accuracy.py
+	$(BIN)/python bench/bench_e2e.py --runs 3 --duration 10
+	$(BIN)/python bench/bench_wal.py
