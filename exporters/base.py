@@ -1,4 +1,5 @@
-"""What leaves the process (`ScoreEvent`), the exporter interface, and the fan-out to exporters.
+"""What leaves the process (`PartitionScores`: one partition revision with all its results), the
+exporter interface, and the fan-out to exporters.
 
 Each exporter sits behind its own bounded queue and task, so a slow one (Kafka, an OTLP endpoint)
 never slows scoring or the other exporters; overflow is counted per exporter, never silent.
@@ -20,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class ScoreEvent:
+class PartitionScores:
     """The scores of one partition revision: every metric's result, with identity and provenance.
 
     Idempotency key downstream: (partition_type, partition_id, revision). `task_key` is the resolved
@@ -54,7 +55,7 @@ class ScoreExporter(Protocol):
     async def start(self) -> None:
         """Connect / bind; return quickly."""
 
-    async def export(self, events: Sequence[ScoreEvent]) -> None:
+    async def export(self, events: Sequence[PartitionScores]) -> None:
         """Send a batch; raise to have the failure logged (the batch is then dropped and counted)."""
 
     async def shutdown(self) -> None:
@@ -68,7 +69,7 @@ class FanOutExporter:
         self.exporters = list(exporters)
         self._queue_size = queue_size
         self._batch_size = batch_size
-        self._queues: dict[str, asyncio.Queue[ScoreEvent]] = {}
+        self._queues: dict[str, asyncio.Queue[PartitionScores]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.dropped: Counter[str] = Counter()
         """Events dropped per exporter: queue full or export failed."""
@@ -77,14 +78,14 @@ class FanOutExporter:
     async def start(self) -> None:
         for exporter in self.exporters:
             await exporter.start()
-            queue: asyncio.Queue[ScoreEvent] = asyncio.Queue(self._queue_size)
+            queue: asyncio.Queue[PartitionScores] = asyncio.Queue(self._queue_size)
             self._queues[exporter.name] = queue
             self._tasks.append(
                 asyncio.create_task(self._pump(exporter, queue), name=f"export-{exporter.name}")
             )
         self._started = True
 
-    def submit(self, event: ScoreEvent) -> None:
+    def submit(self, event: PartitionScores) -> None:
         """Queue an event for every exporter (event-loop thread only); never blocks."""
         for name, queue in self._queues.items():
             try:
@@ -92,7 +93,7 @@ class FanOutExporter:
             except asyncio.QueueFull:
                 self.dropped[name] += 1
 
-    async def _pump(self, exporter: ScoreExporter, queue: asyncio.Queue[ScoreEvent]) -> None:
+    async def _pump(self, exporter: ScoreExporter, queue: asyncio.Queue[PartitionScores]) -> None:
         while True:
             batch = [await queue.get()]
             while len(batch) < self._batch_size and not queue.empty():
@@ -135,12 +136,12 @@ class InMemoryScoreExporter:
     name = "memory"
 
     def __init__(self) -> None:
-        self.events: list[ScoreEvent] = []
+        self.events: list[PartitionScores] = []
 
     async def start(self) -> None:
         return None
 
-    async def export(self, events: Sequence[ScoreEvent]) -> None:
+    async def export(self, events: Sequence[PartitionScores]) -> None:
         self.events.extend(events)
 
     async def shutdown(self) -> None:

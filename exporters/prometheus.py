@@ -1,4 +1,4 @@
-"""Prometheus: score metrics (an exporter of ScoreEvents), ingest/buffer metrics, and the HTTP
+"""Prometheus: score metrics (an exporter of PartitionScores), ingest/buffer metrics, and the HTTP
 endpoint serving /metrics, /healthz and /readyz. Names are the contract in docs/metrics.md.
 
 Everything lives in this exporter's own CollectorRegistry (no global state). Span accounting is
@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 
 from stepwatch.evaluator.accounting import SpanAccounting
 
-from .base import ScoreEvent
+from .base import PartitionScores
 
 UNREGISTERED = "unregistered"
 SCORE_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
@@ -128,7 +128,7 @@ class _IngestCollector(Collector):
 
 
 class PrometheusExporter:
-    """Score metrics from ScoreEvents, plus the service's ingest metrics, in one own registry."""
+    """Score metrics from PartitionScores, plus the service's ingest metrics, in one own registry."""
 
     name = "prometheus"
 
@@ -198,7 +198,7 @@ class PrometheusExporter:
     async def start(self) -> None:
         return None
 
-    async def export(self, events: Sequence[ScoreEvent]) -> None:
+    async def export(self, events: Sequence[PartitionScores]) -> None:
         now = self._clock()
         for event in events:
             task = self.task_label(event.task_key)

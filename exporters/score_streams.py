@@ -1,6 +1,6 @@
 """Plugs the score streams into the service's fan-out (`exporters.base.ScoreExporter`).
 
-The service emits one `base.ScoreEvent` per partition revision holding every metric's result; the
+The service emits one `base.PartitionScores` per partition revision holding every metric's result; the
 streams want one wire `events.ScoreEvent` per metric. `ScoreStream` does that conversion and hands
 each wire event to a non-blocking `ScoreEventExporter` (Kafka, OTel metrics, OTel events).
 """
@@ -13,14 +13,14 @@ from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry
 
-from .base import ScoreEvent as PartitionScores
+from .base import PartitionScores
 from .config import KafkaExporterConfig, OtelEventsExporterConfig, OtelMetricsExporterConfig, ScoreEventConfig
 from .events import ScoreEvent, ScoreEventExporter, make_score_event
 
 ROOT_SPAN_ATTRIBUTE = "root_span_id"
-"""`base.ScoreEvent.attributes` key the service sets to the first trace's root span id."""
+"""`PartitionScores.attributes` key the service sets to the first trace's root span id."""
 TENANT_ATTRIBUTE = "tenant"
-"""`base.ScoreEvent.attributes` key that overrides the configured tenant for one partition."""
+"""`PartitionScores.attributes` key that overrides the configured tenant for one partition."""
 
 
 def wire_events(scores: PartitionScores, config: ScoreEventConfig) -> list[ScoreEvent]:

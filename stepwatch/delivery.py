@@ -11,18 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from stepwatch.exporters.base import ScoreEvent, ScoreExporter
+from stepwatch.exporters.base import PartitionScores, ScoreExporter
 
 
 class DeliveryTracker:
     """Counts, per event, the exporters that still have to handle it."""
 
-    def __init__(self, exporters: int, on_delivered: Callable[[ScoreEvent], None]) -> None:
+    def __init__(self, exporters: int, on_delivered: Callable[[PartitionScores], None]) -> None:
         self._exporters = exporters
         self._on_delivered = on_delivered
         self._remaining: dict[int, int] = {}
 
-    def handled(self, events: Sequence[ScoreEvent]) -> None:
+    def handled(self, events: Sequence[PartitionScores]) -> None:
         remaining = self._remaining
         for event in events:
             key = id(event)
@@ -48,7 +48,7 @@ class _Tracked:
     async def start(self) -> None:
         await self.inner.start()
 
-    async def export(self, events: Sequence[ScoreEvent]) -> None:
+    async def export(self, events: Sequence[PartitionScores]) -> None:
         try:
             await self.inner.export(events)
         finally:

@@ -36,7 +36,7 @@ from stepwatch.evaluator.pipeline import (
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.evaluator.scorers.base import Scorer, ScoringInput
 from stepwatch.evaluator.scorers.registry import ScorerRegistry
-from stepwatch.exporters.base import FanOutExporter, ScoreEvent, ScoreExporter
+from stepwatch.exporters.base import FanOutExporter, PartitionScores, ScoreExporter
 from stepwatch.exporters.prometheus import BufferGauges, MetricsServer, PrometheusExporter
 from stepwatch.receiver.grpc_server import OtlpGrpcReceiver
 from stepwatch.receiver.http_server import BadRequest, OtlpHttpReceiver, request_from_json
@@ -56,7 +56,7 @@ log = logging.getLogger("stepwatch")
 class _Scored:
     """A worker's output for one partition: sync results done, async scorers still to await."""
 
-    event: ScoreEvent
+    event: PartitionScores
     inp: ScoringInput
     pending: list[Scorer]
 
@@ -191,7 +191,7 @@ class Service:
         )
         self._started = True
 
-    def _delivered(self, event: ScoreEvent) -> None:
+    def _delivered(self, event: PartitionScores) -> None:
         """Every exporter has handled the event: the spans behind it need no replay."""
         for log_ in (self.wal, self.kafka_ingest):
             if log_ is not None:
@@ -405,7 +405,7 @@ class Service:
                 acc.unmatched[partition.type] += 1
         acc.closed[(partition.type, closed.reason)] += 1
         self.buffer.done(closed)
-        event = ScoreEvent(
+        event = PartitionScores(
             partition_type=partition.type,
             partition_id=partition.id,
             revision=closed.revision,
@@ -441,7 +441,7 @@ class _Backpressure(Exception):
     """The buffer (or the service) cannot take a Kafka message now: retry it after a backoff."""
 
 
-def _with_results(event: ScoreEvent, results: tuple[ScoreResult, ...]) -> ScoreEvent:
+def _with_results(event: PartitionScores, results: tuple[ScoreResult, ...]) -> PartitionScores:
     from dataclasses import replace
 
     return replace(event, results=results)

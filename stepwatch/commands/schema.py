@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-HELP = "Print a JSON Schema: partition (canonical_partition_v1, default) or expectation."
+HELP = "Print a JSON Schema: partition (canonical_partition_v1, default), expectation or score-event."
 
 
 def _partition() -> dict[str, Any]:
@@ -22,10 +22,16 @@ def _expectation() -> dict[str, Any]:
     return Expectation.model_json_schema(by_alias=True)
 
 
+def _score_event() -> dict[str, Any]:
+    from stepwatch.exporters.events import score_event_json_schema
+
+    return score_event_json_schema()
+
+
 SCHEMAS: dict[str, Callable[[], dict[str, Any]]] = {
     "partition": _partition,
     "expectation": _expectation,
-    # Extension point: add "score-event" here (a function returning ScoreEvent.model_json_schema()).
+    "score-event": _score_event,
 }
 """Schema name -> builder. Builders import lazily so `stepwatch --help` stays fast."""
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from stepwatch.commands.serve import add_arguments, flag_overrides
 from stepwatch.config import load_config
-from stepwatch.exporters.base import ScoreEvent
+from stepwatch.exporters.base import PartitionScores
 from stepwatch.service import Service
 
 
@@ -30,7 +30,7 @@ class FileEventExporter:
     async def start(self) -> None:
         self._file = self._path.open("a", buffering=1)
 
-    async def export(self, events: Sequence[ScoreEvent]) -> None:
+    async def export(self, events: Sequence[PartitionScores]) -> None:
         assert self._file is not None
         self._file.write(
             "".join(
