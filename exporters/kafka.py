@@ -11,6 +11,10 @@ batch in flight, which is older still) moves to the spool; when a send fails, th
 the batch and the queue move to the spool. A record leaves the spool only after the broker
 acknowledged it, so a restart re-sends (at-least-once; consumers deduplicate on event_id) and,
 because the spool is drained before new events, a partition's revisions keep their order.
+
+`export(event, on_settled)` calls `on_settled()` once the event has left memory: acknowledged by
+the broker, appended to the spool, or given up on (counted failed). The service uses it to let
+its write-ahead log forget the spans behind an event only when a crash can no longer lose it.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import logging
 import struct
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -119,6 +123,8 @@ class KafkaScoreExporter:
     (within the spool's byte bound)."""
 
     name = "kafka"
+    acknowledges_delivery = True
+    """export() takes `on_settled`: the service counts an event handled only once it left memory."""
 
     def __init__(
         self,
@@ -142,6 +148,7 @@ class KafkaScoreExporter:
         self._queue: deque[Record] = deque()
         self._inflight: list[Record] | None = None  # a batch taken from the memory queue, unacknowledged
         self._inflight_spooled = 0  # how many of it an overflow already copied to the spool head
+        self._acks: dict[int, Callable[[], None]] = {}  # id(record in memory) -> on_settled
         self._producer: AIOKafkaProducer | None = None
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()  # set by export(): the memory queue has work
@@ -167,14 +174,18 @@ class KafkaScoreExporter:
         self._update_gauges()
         self._task = asyncio.create_task(self._run(), name="stepwatch-kafka-sender")
 
-    def export(self, event: ScoreEvent) -> None:
-        """Queue one event; returns at once whatever the broker's state."""
+    def export(self, event: ScoreEvent, on_settled: Callable[[], None] | None = None) -> None:
+        """Queue one event; returns at once whatever the broker's state. `on_settled` runs (on the
+        loop, maybe before this returns) once the event is sent, on disk in the spool, or failed."""
         record = (event.partition_id.encode(), event.to_json_bytes())
+        if on_settled is not None:
+            self._acks[id(record)] = on_settled
         if self._closed:
             self.metrics.failed.inc()
             self._log.warning(
                 "closed", "kafka exporter is shut down; score event %s not sent", event.event_id
             )
+            self._settle([record])
             return
         if self._spool.is_open and self._spool.pending:
             self._spill([record])  # the spool holds older events: keep order behind them
@@ -186,6 +197,7 @@ class KafkaScoreExporter:
         else:
             self.metrics.failed.inc()
             self._log.warning("prestart", "kafka exporter not started and its queue is full; event dropped")
+            self._settle([record])
 
     async def shutdown(self) -> None:
         """Deliver what it can within shutdown_timeout_seconds, spool the rest, release everything."""
@@ -197,6 +209,7 @@ class KafkaScoreExporter:
         if self._task is None and self._queue:
             self.metrics.failed.inc(len(self._queue))
             log.warning("kafka exporter shut down before start(): %d event(s) not sent", len(self._queue))
+            self._settle(self._queue)
             self._queue.clear()
         if self._task is not None:
             try:
@@ -327,6 +340,7 @@ class KafkaScoreExporter:
     def _settle_memory_batch(self, batch: list[Record], done: int) -> None:
         """After a batch from memory: drop what was acknowledged, keep the rest (at the spool head)."""
         self._inflight = None
+        self._settle(batch[:done])
         if self._inflight_spooled:
             # An overflow already put the batch at the head of the spool: remove the settled part.
             spooled, self._inflight_spooled = self._inflight_spooled, 0
@@ -351,6 +365,7 @@ class KafkaScoreExporter:
     def _spill(self, records: list[Record]) -> int:
         """Append to the spool; what does not fit is counted failed (the documented full policy)."""
         accepted = self._spool.append([encode_record(r) for r in records])
+        self._settle(records)  # on disk, or rejected and counted: out of memory either way
         self.metrics.spooled.inc(accepted)
         if accepted < len(records):
             self.metrics.failed.inc(len(records) - accepted)
@@ -363,6 +378,18 @@ class KafkaScoreExporter:
             )
         self._update_gauges()
         return accepted
+
+    def _settle(self, records: Iterable[Record]) -> None:
+        """Run the on_settled callbacks of records that just left memory (each runs once)."""
+        if not self._acks:
+            return
+        for record in records:
+            callback = self._acks.pop(id(record), None)
+            if callback is not None:
+                try:
+                    callback()
+                except Exception:
+                    log.exception("kafka: on_settled callback failed")
 
     def _spill_queue(self) -> None:
         if self._queue and self._spool.is_open:

@@ -7,6 +7,7 @@ each wire event to a non-blocking `ScoreEventExporter` (Kafka, OTel metrics, OTe
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -16,6 +17,8 @@ from prometheus_client import CollectorRegistry
 from .base import PartitionScores
 from .config import KafkaExporterConfig, OtelEventsExporterConfig, OtelMetricsExporterConfig, ScoreEventConfig
 from .events import ScoreEvent, ScoreEventExporter, make_score_event
+
+log = logging.getLogger(__name__)
 
 ROOT_SPAN_ATTRIBUTE = "root_span_id"
 """`PartitionScores.attributes` key the service sets to the first trace's root span id."""
@@ -63,6 +66,35 @@ class ScoreStream:
         for scores in events:
             for event in wire_events(scores, self._events):
                 self.inner.export(event)
+
+    @property
+    def defers_handled(self) -> bool:
+        """True when the inner exporter reports when each event left memory (Kafka: sent or spooled)."""
+        return bool(getattr(self.inner, "acknowledges_delivery", False))
+
+    async def export_tracked(
+        self, events: Sequence[PartitionScores], handled: Callable[[Sequence[PartitionScores]], None]
+    ) -> None:
+        """Like export(), but calls `handled([scores])` exactly once per partition revision, when
+        every one of its wire events is sent, spooled or failed (not merely queued in memory)."""
+        for scores in events:
+            try:
+                wire = wire_events(scores, self._events)
+            except Exception:
+                log.exception("score stream %s: partition %s not exportable", self.name, scores.partition_id)
+                wire = []
+            if not wire:
+                handled([scores])
+                continue
+            left = [len(wire)]
+
+            def settled(scores: PartitionScores = scores, left: list[int] = left) -> None:
+                left[0] -= 1
+                if left[0] == 0:
+                    handled([scores])
+
+            for event in wire:
+                self.inner.export(event, settled)  # type: ignore[call-arg]
 
     async def shutdown(self) -> None:
         await self.inner.shutdown()

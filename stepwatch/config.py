@@ -18,13 +18,24 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from stepwatch.evaluator.buffer import BufferLimits
+from stepwatch.evaluator.judge.settings import JudgeServiceConfig
 from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES
+from stepwatch.exporters.config import (
+    KafkaExporterConfig,
+    OtelEventsExporterConfig,
+    OtelMetricsExporterConfig,
+    ScoreEventConfig,
+)
 from stepwatch.receiver.kafka_ingest import KafkaIngestConfig
 from stepwatch.receiver.wal import WalConfig
+from stepwatch.security.config import SecurityConfig
 
 ENV_PREFIX = "STEPWATCH_"
 ENV_CONFIG_FILE = "STEPWATCH_CONFIG"
 """Environment variable naming the config file (the `--config` flag wins)."""
+ENV_NOT_SETTINGS = frozenset({ENV_CONFIG_FILE, "STEPWATCH_AUTH_TOKENS", "STEPWATCH_METRICS_TOKENS"})
+"""STEPWATCH_* variables that are not config keys: the config file name and the token sources
+(read by the authenticators, never parsed into the config, so tokens cannot leak via check-config)."""
 
 _ENDPOINT = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[^:\[\]\s]*):(?P<port>\d{1,5})$")
 
@@ -212,6 +223,10 @@ class PrometheusConfig(_Endpoint):
 
 class ExportersConfig(Section):
     prometheus: PrometheusConfig = PrometheusConfig()
+    score_events: ScoreEventConfig = ScoreEventConfig()
+    kafka: KafkaExporterConfig = KafkaExporterConfig()
+    otel_metrics: OtelMetricsExporterConfig = OtelMetricsExporterConfig()
+    otel_events: OtelEventsExporterConfig = OtelEventsExporterConfig()
     queue_size: int = Field(
         default=10_000, ge=1, description="Score events queued per exporter; overflow is counted and dropped."
     )
@@ -264,7 +279,18 @@ class ServiceConfig(Section):
     scoring: ScoringConfig = ScoringConfig()
     exporters: ExportersConfig = ExportersConfig()
     durability: DurabilityConfig = DurabilityConfig()
+    judge: JudgeServiceConfig = JudgeServiceConfig()
+    security: SecurityConfig = SecurityConfig()
     logging: LoggingConfig = LoggingConfig()
+
+    def kafka_exporter(self) -> KafkaExporterConfig:
+        """exporters.kafka, with the spool in DATA_DIR/kafka-spool when durability.data_dir is set and
+        the spool directory was not given explicitly (so all state lives in one volume)."""
+        kafka = self.exporters.kafka
+        if self.durability.data_dir is None or "directory" in kafka.spool.model_fields_set:
+            return kafka
+        spool = kafka.spool.model_copy(update={"directory": self.durability.data_dir / "kafka-spool"})
+        return kafka.model_copy(update={"spool": spool})
 
 
 class ConfigError(ValueError):
@@ -276,7 +302,7 @@ def env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[tupl
     tree: dict[str, Any] = {}
     origin: dict[tuple[str, ...], str] = {}
     for name, raw in sorted(environ.items()):
-        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_FILE:
+        if not name.startswith(ENV_PREFIX) or name in ENV_NOT_SETTINGS:
             continue
         path = tuple(part.lower() for part in name[len(ENV_PREFIX) :].split("__"))
         if not all(path):

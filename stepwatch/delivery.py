@@ -3,8 +3,10 @@
 The write-ahead log (and the Kafka ingest watermark) may only forget a partition once its score
 event is out of the process's memory: exported, or written to an exporter's own spool. Each
 exporter is wrapped so that, when its `export()` returns or fails for a batch, the event's
-countdown drops; at zero `on_delivered(event)` runs (on the event loop). Events an exporter's
-queue refused never reach zero: the log's hold expiry is the backstop for those.
+countdown drops; an exporter with `defers_handled` (the Kafka stream) reports later instead, when
+the event was acknowledged by the broker or written to its spool. At zero `on_delivered(event)`
+runs (on the event loop). Events an exporter's queue refused never reach zero: the log's hold
+expiry is the backstop for those.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ class _Tracked:
         await self.inner.start()
 
     async def export(self, events: Sequence[PartitionScores]) -> None:
+        if getattr(self.inner, "defers_handled", False):
+            # e.g. Kafka: export() only queues in memory; handled once sent or in the on-disk spool
+            await self.inner.export_tracked(events, self._tracker.handled)  # type: ignore[attr-defined]
+            return
         try:
             await self.inner.export(events)
         finally:

@@ -25,6 +25,9 @@ from stepwatch.evaluator.buffer import ClosedPartition, PartitionBuffer
 from stepwatch.evaluator.clock import Clock, SystemClock
 from stepwatch.evaluator.expectation import Expectation
 from stepwatch.evaluator.expectations_store import ExpectationsStore, load_expectations
+from stepwatch.evaluator.judge.factory import build_runner
+from stepwatch.evaluator.judge.registration import judge_scorer_entries
+from stepwatch.evaluator.judge.runner import JudgeRunner
 from stepwatch.evaluator.model import Partition
 from stepwatch.evaluator.partitioning import build_partition
 from stepwatch.evaluator.pipeline import (
@@ -37,7 +40,10 @@ from stepwatch.evaluator.results import ScoreResult
 from stepwatch.evaluator.scorers.base import Scorer, ScoringInput
 from stepwatch.evaluator.scorers.registry import ScorerRegistry
 from stepwatch.exporters.base import FanOutExporter, PartitionScores, ScoreExporter
+from stepwatch.exporters.events import root_span_id
+from stepwatch.exporters.judge_metrics import JudgeCollector
 from stepwatch.exporters.prometheus import BufferGauges, MetricsServer, PrometheusExporter
+from stepwatch.exporters.score_streams import ROOT_SPAN_ATTRIBUTE, build_score_streams
 from stepwatch.receiver.grpc_server import OtlpGrpcReceiver
 from stepwatch.receiver.http_server import BadRequest, OtlpHttpReceiver, request_from_json
 from stepwatch.receiver.ingest import Ingestor, decode_records, split_request
@@ -74,7 +80,14 @@ class Service:
     ) -> None:
         self.config = config
         self.clock = clock or SystemClock()
-        self.scorers = scorers or ScorerRegistry.builtin()
+        # one judge per service (its HTTP session, cache, budgets); judge scorers run per `judge:`
+        self.judge_runner: JudgeRunner | None = None
+        if scorers is None:
+            self.judge_runner = build_runner(config.judge)
+            scorers = ScorerRegistry.builtin().extended(judge_scorer_entries(self.judge_runner))
+        self.scorers = scorers
+        self._judging: dict[str, asyncio.Task[None]] = {}  # partition id -> revision awaiting async scorers
+        self._judge_in_worker = self.judge_runner is not None and self.judge_runner.judge.backend == "local"
         self.accounting = SpanAccounting()
         self.buffer = PartitionBuffer(config.buffer.limits(), self.accounting, self.clock.monotonic)
         limits = config.buffer
@@ -92,7 +105,19 @@ class Service:
         self.prometheus = PrometheusExporter(
             prom.max_task_keys, lambda key: key in self.expectations, self.clock.monotonic
         )
-        sinks: list[ScoreExporter] = [self.prometheus, *exporters]
+        if self.judge_runner is not None:
+            self.prometheus.registry.register(JudgeCollector(self.judge_runner))
+        exp = config.exporters
+        streams = build_score_streams(
+            events=exp.score_events,
+            kafka=config.kafka_exporter(),
+            otel_metrics=exp.otel_metrics,
+            otel_events=exp.otel_events,
+            registry=self.prometheus.registry,
+            is_registered=lambda key: key in self.expectations,
+        )
+        self.streams = streams
+        sinks: list[ScoreExporter] = [self.prometheus, *streams, *exporters]
         wal_config = config.durability.wal_config()
         self.wal: WriteAheadLog | None = None
         if wal_config is not None:
@@ -287,6 +312,12 @@ class Service:
         if self.watcher is not None:
             await self.watcher.shutdown()
         await self.fanout.shutdown()
+        aclose = getattr(self.judge_runner.judge, "aclose", None) if self.judge_runner else None
+        if aclose is not None:
+            try:
+                await aclose()
+            except Exception:
+                log.exception("judge: closing its HTTP session failed")
         if self.wal is not None:
             await self.wal.stop()
         if self.metrics_server is not None:
@@ -336,14 +367,58 @@ class Service:
         loop = asyncio.get_running_loop()
         outputs = await loop.run_in_executor(self._executor, self._process_batch, closed)
         for out in outputs:
-            event = out.event
-            if out.pending:
-                late = await run_async_scorers(out.inp, out.pending)
-                event = _with_results(event, (*event.results, *late))
-            self.fanout.submit(event)
+            self._emit(out)
+
+    def _emit(self, out: _Scored) -> None:
+        """Submit a scored revision; one still waiting on async scorers (a remote judge) completes in
+        its own task, so one slow partition never holds the others. A partition's revisions still
+        leave in order: a revision waits for the previous one of the same partition."""
+        key = out.event.partition_id
+        previous = self._judging.get(key)
+        if not out.pending and previous is None:
+            self.fanout.submit(out.event)
+            return
+        limit = self.config.judge.max_pending_partitions
+        if out.pending and len(self._judging) >= limit:
+            skipped = _not_scored(out, f"judge backlog of {limit} partitions full")
+            out = _Scored(_with_results(out.event, (*out.event.results, *skipped)), out.inp, [])
+            if self.judge_runner is not None and skipped:
+                self.judge_runner.governor.counters["backlog"] += len(skipped)
+        task = asyncio.create_task(self._complete(out, previous))
+        self._judging[key] = task
+        self._inflight.add(task)
+
+        def finished(done: asyncio.Task[None]) -> None:
+            self._inflight.discard(done)
+            if self._judging.get(key) is done:
+                del self._judging[key]
+
+        task.add_done_callback(finished)
+
+    async def _complete(self, out: _Scored, previous: asyncio.Task[None] | None) -> None:
+        event = out.event
+        if out.pending:
+            late = await run_async_scorers(out.inp, out.pending)
+            event = _with_results(event, (*event.results, *late))
+        if previous is not None:
+            await asyncio.wait([previous])
+        self.fanout.submit(event)
 
     def _process_batch(self, closed: list[ClosedPartition]) -> list[_Scored]:
-        """Worker thread: decode, route or partition, score the sync scorers. Never raises."""
+        """Worker thread: decode, route or partition, score the sync scorers. Never raises.
+
+        With the local judge (CPU only, never waits on I/O) the judge scorers run here too, on a
+        private event loop, so their CPU stays off the receivers' loop; remote judges are awaited on
+        the service loop (their HTTP session lives there)."""
+        outputs = self._process_all(closed)
+        if self._judge_in_worker and any(out.pending for out in outputs):
+            try:
+                outputs = asyncio.run(_finish_async_scorers(outputs))
+            except Exception:  # left pending: they are awaited on the service loop instead
+                log.exception("judge scorers failed in the worker thread")
+        return outputs
+
+    def _process_all(self, closed: list[ClosedPartition]) -> list[_Scored]:
         outputs: list[_Scored] = []
         queue = list(closed)
         while queue:
@@ -419,8 +494,21 @@ class Service:
             expectation_version=expectation.version if expectation is not None else None,
             scored_at_unix_nano=time.time_ns(),
             last_span_monotonic=closed.last_arrival,
+            attributes=self._stream_attributes(partition),
         )
         return _Scored(event, inp, [s for s in scorers if is_async_scorer(s)])
+
+    def _stream_attributes(self, partition: Partition) -> dict[str, str]:
+        """The first trace's root span, where the OTel evaluation events and ScoreEvents point."""
+        if not self.streams:
+            return {}
+        first = (
+            partition.trace_ids[0]
+            if partition.trace_ids
+            else (partition.id if partition.type == "trace" else None)
+        )
+        span_id = root_span_id(partition, first)
+        return {ROOT_SPAN_ATTRIBUTE: span_id} if span_id else {}
 
     # -- expectations and gauges ----------------------------------------------------------------
 
@@ -439,6 +527,31 @@ class Service:
 
 class _Backpressure(Exception):
     """The buffer (or the service) cannot take a Kafka message now: retry it after a backoff."""
+
+
+async def _finish_async_scorers(outputs: list[_Scored]) -> list[_Scored]:
+    """Await every output's async scorers (concurrently) and fold their results into its event."""
+    done = await asyncio.gather(*(run_async_scorers(out.inp, out.pending) for out in outputs if out.pending))
+    late = iter(done)
+    return [
+        _Scored(_with_results(out.event, (*out.event.results, *next(late))), out.inp, [])
+        if out.pending
+        else out
+        for out in outputs
+    ]
+
+
+def _not_scored(out: _Scored, reason: str) -> list[ScoreResult]:
+    """`not_scored` results for the async scorers that apply to this input (never run)."""
+    results = []
+    for scorer in out.pending:
+        try:
+            applies = scorer.applicable(out.inp)
+        except Exception:
+            applies = True
+        if applies:
+            results.append(ScoreResult(metric=scorer.name, not_scored=reason))
+    return results
 
 
 def _with_results(event: PartitionScores, results: tuple[ScoreResult, ...]) -> PartitionScores:

@@ -47,3 +47,9 @@ class JudgeServiceConfig(BaseModel):
         gt=0,
         description="A judge call slower than this is abandoned: not_scored, never a stall.",
     )
+    max_pending_partitions: int = Field(
+        default=1000,
+        ge=1,
+        description="Partitions waiting on the judge at once in the service; beyond it a partition's "
+        "judge scorers give not_scored (skip reason `backlog`) instead of queueing without bound.",
+    )

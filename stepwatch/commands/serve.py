@@ -52,7 +52,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kafka-bootstrap",
         metavar="HOST:PORT[,...]",
-        help="Kafka bootstrap servers (default localhost:9092)",
+        help="Kafka bootstrap servers: turns on Kafka score events, and serves --kafka-ingest-topic too",
+    )
+    parser.add_argument(
+        "--kafka-topic", metavar="NAME", help="topic of the score events (default stepwatch.scores)"
+    )
+    parser.add_argument(
+        "--spool-dir",
+        metavar="DIR",
+        help="on-disk spool of score events while Kafka is away (default DATA_DIR/kafka-spool)",
+    )
+    parser.add_argument(
+        "--otlp-metrics-endpoint",
+        metavar="URL",
+        help="OTLP/gRPC endpoint (http://host:4317): turns on OTel score metrics and evaluation events",
     )
     parser.add_argument(
         "--kafka-ingest-topic",
@@ -80,6 +93,32 @@ def flag_overrides(args: argparse.Namespace) -> dict[str, tuple[object, str]]:
         "durability.data_dir": (getattr(args, "data_dir", None), "--data-dir"),
         "durability.wal": (getattr(args, "wal", None), "--no-wal"),
         "receivers.kafka.bootstrap_servers": (getattr(args, "kafka_bootstrap", None), "--kafka-bootstrap"),
+        "exporters.kafka.bootstrap_servers": (
+            _servers(getattr(args, "kafka_bootstrap", None)),
+            "--kafka-bootstrap",
+        ),
+        "exporters.kafka.enabled": (
+            True if getattr(args, "kafka_bootstrap", None) else None,
+            "--kafka-bootstrap",
+        ),
+        "exporters.kafka.topic": (getattr(args, "kafka_topic", None), "--kafka-topic"),
+        "exporters.kafka.spool.directory": (getattr(args, "spool_dir", None), "--spool-dir"),
+        "exporters.otel_metrics.otlp.endpoint": (
+            getattr(args, "otlp_metrics_endpoint", None),
+            "--otlp-metrics-endpoint",
+        ),
+        "exporters.otel_metrics.enabled": (
+            True if getattr(args, "otlp_metrics_endpoint", None) else None,
+            "--otlp-metrics-endpoint",
+        ),
+        "exporters.otel_events.otlp.endpoint": (
+            getattr(args, "otlp_metrics_endpoint", None),
+            "--otlp-metrics-endpoint",
+        ),
+        "exporters.otel_events.enabled": (
+            True if getattr(args, "otlp_metrics_endpoint", None) else None,
+            "--otlp-metrics-endpoint",
+        ),
         "receivers.kafka.topic": (getattr(args, "kafka_ingest_topic", None), "--kafka-ingest-topic"),
         "receivers.kafka.enabled": (
             True if getattr(args, "kafka_ingest_topic", None) else None,
@@ -89,6 +128,11 @@ def flag_overrides(args: argparse.Namespace) -> dict[str, tuple[object, str]]:
         "receivers.kafka.encoding": (getattr(args, "kafka_ingest_encoding", None), "--kafka-ingest-encoding"),
         "logging.level": (getattr(args, "log_level", None), "--log-level"),
     }
+
+
+def _servers(value: str | None) -> list[str] | None:
+    """`a:9092,b:9092` -> ["a:9092", "b:9092"] (the exporter takes a list, the ingest a string)."""
+    return [part.strip() for part in value.split(",") if part.strip()] if value else None
 
 
 def run(args: argparse.Namespace) -> int:
