@@ -10,9 +10,11 @@ read from plain counters at scrape time, so ingest never touches a metric object
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -137,13 +139,17 @@ class PrometheusExporter:
         max_task_keys: int,
         registered: Callable[[str], bool],
         clock: Callable[[], float] = time.monotonic,
+        tenant_label: bool = False,
     ) -> None:
+        """`tenant_label`: score metrics also carry `tenant` (from the event's attributes); only
+        when tenancy is on, so single-tenant dashboards and rules keep their label set."""
         self.registry = CollectorRegistry()
         self._max_task_keys = max_task_keys
         self._registered = registered
         self._clock = clock
+        self._tenant_label = tenant_label
         self._task_labels: set[str] = set()
-        labels = ["metric", "task_key", "partition_type"]
+        labels = ["metric", "task_key", "partition_type", *(["tenant"] if tenant_label else [])]
         self.last_score = Gauge(
             "stepwatch_evaluation_last_score", "The latest score.", labels, registry=self.registry
         )
@@ -201,9 +207,10 @@ class PrometheusExporter:
     async def export(self, events: Sequence[PartitionScores]) -> None:
         now = self._clock()
         for event in events:
-            task = self.task_label(event.task_key)
+            task = self.task_label(event.task_key if event.registered else None)
+            tenant = (event.attributes.get("tenant", "default"),) if self._tenant_label else ()
             for result in event.results:
-                labels = (result.metric, task, event.partition_type)
+                labels = (result.metric, task, event.partition_type, *tenant)
                 self.evaluations.labels(*labels, result.outcome).inc()
                 if result.score is not None:
                     self.last_score.labels(*labels).set(result.score)
@@ -218,7 +225,18 @@ class PrometheusExporter:
 class MetricsServer:
     """HTTP endpoint: /metrics (Prometheus text), /healthz (alive), /readyz (ready to take traffic)."""
 
-    def __init__(self, registry: CollectorRegistry, host: str, port: int, ready: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        host: str,
+        port: int,
+        ready: Callable[[], bool],
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        middlewares: Sequence[Any] = (),
+    ) -> None:
+        self._ssl = ssl_context
+        self._middlewares = list(middlewares)
         self._registry = registry
         self._host = host
         self._port = port
@@ -227,13 +245,13 @@ class MetricsServer:
         self.port = port
 
     async def start(self) -> None:
-        app = web.Application()
+        app = web.Application(middlewares=self._middlewares)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True)
+        site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True, ssl_context=self._ssl)
         await site.start()
         server = site._server
         sockets = getattr(server, "sockets", None) or []

@@ -14,6 +14,7 @@ RetryInfo travels both in `grpc-status-details-bin` (google.rpc.Status details) 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 
 import grpc
 from google.protobuf import any_pb2, duration_pb2
@@ -58,7 +59,19 @@ class OtlpGrpcReceiver:
         port: int,
         max_recv_message_bytes: int = 4 * 2**20,
         max_concurrent_rpcs: int | None = None,
+        *,
+        credentials: grpc.ServerCredentials | None = None,
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+        tenant: Callable[[], str] | None = None,
+        on_too_large: Callable[[], None] | None = None,
     ) -> None:
+        """`credentials` (TLS), `interceptors` (auth) and `tenant` (the current call's tenant, set by
+        an interceptor) come from the composition root, so this module needs no security imports.
+        `on_too_large` meters requests over `max_recv_message_bytes` that gRPC lets through."""
+        self._credentials = credentials
+        self._interceptors = list(interceptors)
+        self._tenant = tenant
+        self._on_too_large = on_too_large
         self._sink = sink
         self._accounting = accounting
         self._address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -68,23 +81,40 @@ class OtlpGrpcReceiver:
         self.port = port
 
     async def start(self) -> None:
+        # gRPC refuses oversize messages itself, before any code of ours could count them; let up to
+        # twice the limit through so that (bounded) band is refused here, counted, same status.
         server = grpc.aio.server(
             options=[
-                ("grpc.max_receive_message_length", self._max_recv),
+                ("grpc.max_receive_message_length", self._grpc_max()),
                 ("grpc.so_reuseport", 0),
             ],
             maximum_concurrent_rpcs=self._max_rpcs,
+            interceptors=self._interceptors or None,
         )
         handler = grpc.unary_unary_rpc_method_handler(self._export)  # raw bytes in and out
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Export": handler}),))
-        port = server.add_insecure_port(self._address)
+        if self._credentials is not None:
+            port = server.add_secure_port(self._address, self._credentials)
+        else:
+            port = server.add_insecure_port(self._address)
         if port == 0:
             raise OSError(f"OTLP/gRPC receiver cannot bind {self._address}")
         self.port = port
         await server.start()
         self._server = server
 
+    def _grpc_max(self) -> int:
+        return min(2 * self._max_recv, 2**31 - 1) if self._on_too_large is not None else self._max_recv
+
     async def _export(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        if len(data) > self._max_recv:
+            if self._on_too_large is not None:
+                self._on_too_large()
+            self._accounting.requests_rejected["too_large"] += 1
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"request of {len(data)} bytes is over the limit of {self._max_recv} bytes",
+            )
         try:
             request = ExportTraceServiceRequest.FromString(data)
         except DecodeError as exc:
@@ -93,7 +123,10 @@ class OtlpGrpcReceiver:
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"request is not a valid OTLP ExportTraceServiceRequest ({exc})",
             )
-        result = self._sink.consume(request, PROTOCOL)
+        if self._tenant is None:
+            result = self._sink.consume(request, PROTOCOL)
+        else:
+            result = self._sink.consume(request, PROTOCOL, self._tenant())
         if result.durable is not None:
             try:
                 await result.durable

@@ -13,7 +13,9 @@ import base64
 import binascii
 import json
 import math
+import ssl
 import zlib
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -122,7 +124,18 @@ class OtlpHttpReceiver:
         host: str,
         port: int,
         max_body_bytes: int = 20 * 2**20,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        middlewares: Sequence[Any] = (),
+        tenant: Callable[[web.Request], str] | None = None,
+        on_too_large: Callable[[], None] | None = None,
     ) -> None:
+        """TLS, auth middlewares and `tenant` (read from the request after the middleware ran) come
+        from the composition root; `on_too_large` meters bodies refused with 413."""
+        self._ssl = ssl_context
+        self._middlewares = list(middlewares)
+        self._tenant = tenant
+        self._on_too_large = on_too_large
         self._sink = sink
         self._accounting = accounting
         self._host = host
@@ -132,11 +145,11 @@ class OtlpHttpReceiver:
         self.port = port
 
     async def start(self) -> None:
-        app = web.Application(client_max_size=self._max + 1)
+        app = web.Application(client_max_size=self._max + 1, middlewares=self._middlewares)
         app.router.add_post("/v1/traces", self._traces)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, auto_decompress=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True)
+        site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True, ssl_context=self._ssl)
         await site.start()
         sockets = getattr(site._server, "sockets", None) or []
         if sockets:
@@ -176,11 +189,16 @@ class OtlpHttpReceiver:
                 otlp = request_from_json(body)
         except BodyTooLarge as exc:
             self._accounting.requests_rejected["too_large"] += 1
+            if self._on_too_large is not None:
+                self._on_too_large()
             return _status(413, code_pb2.RESOURCE_EXHAUSTED, f"{exc} (receivers.http.max_body_bytes)", media)
         except BadRequest as exc:
             self._accounting.requests_rejected["decode"] += 1
             return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), media)
-        result = self._sink.consume(otlp, PROTOCOL)
+        if self._tenant is None:
+            result = self._sink.consume(otlp, PROTOCOL)
+        else:
+            result = self._sink.consume(otlp, PROTOCOL, self._tenant(request))
         if result.durable is not None:
             try:
                 await result.durable
@@ -197,6 +215,25 @@ class OtlpHttpReceiver:
             response.partial_success.rejected_spans = result.rejected
             response.partial_success.error_message = result.error_message
         return _message(200, response, media)
+
+    async def count_spans(self, request: web.Request) -> int:
+        """Spans in a request refused before decoding (e.g. no valid token), for accounting.
+
+        Best effort within the same size caps: 0 when the body is too large or does not decode.
+        """
+        try:
+            body = await self._read(request)
+            if request.headers.get("Content-Encoding", "").strip().lower() == "gzip":
+                body = _gunzip(body, self._max)
+            if request.content_type == PROTOBUF:
+                otlp = ExportTraceServiceRequest.FromString(body)
+            elif request.content_type == JSON:
+                otlp = request_from_json(body)
+            else:
+                return 0
+        except (BodyTooLarge, BadRequest, DecodeError):
+            return 0
+        return sum(len(ss.spans) for rs in otlp.resource_spans for ss in rs.scope_spans)
 
     async def _read(self, request: web.Request) -> bytes:
         if request.content_length is not None and request.content_length > self._max:

@@ -28,6 +28,9 @@ from .wal_format import WalEntry
 
 _ZERO_TRACE_ID = bytes(16)
 _ZERO_SPAN_ID = bytes(8)
+DEFAULT_TENANT = "default"
+"""The implicit tenant (tenancy off, no auth, Kafka): its buffer keys are the bare trace ids."""
+REDACTED = "[REDACTED]"
 
 
 @dataclass(slots=True)
@@ -51,7 +54,9 @@ class IngestResult:
 class SpanSink(Protocol):
     """What every receiver calls with each decoded request. Must not block (runs on the event loop)."""
 
-    def consume(self, request: ExportTraceServiceRequest, protocol: str) -> IngestResult: ...
+    def consume(
+        self, request: ExportTraceServiceRequest, protocol: str, tenant: str = DEFAULT_TENANT
+    ) -> IngestResult: ...
 
 
 class BufferTarget(Protocol):
@@ -98,6 +103,50 @@ def split_request(
     return records, rejected, details, total
 
 
+def trim_request(request: ExportTraceServiceRequest, max_spans: int) -> int:
+    """Drop spans after the first `max_spans` in document order, in place; returns how many.
+
+    Counting is a few len() calls, so the common case (under the cap) costs nothing per span.
+    """
+    total = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+    if total <= max_spans:
+        return 0
+    room = max_spans
+    for resource_spans in request.resource_spans:
+        for scope_spans in resource_spans.scope_spans:
+            n = len(scope_spans.spans)
+            if n > room:
+                del scope_spans.spans[room:]
+            room = max(0, room - n)
+    return total - max_spans
+
+
+def redact_request(request: ExportTraceServiceRequest, matches: Callable[[str], bool]) -> int:
+    """Replace matching attribute values (resource, span, span event) by "[REDACTED]" in place.
+
+    Done on the parsed request before spans are serialized for the buffer and the write-ahead
+    log, so redacted values are never held or persisted. Only runs when redaction is configured.
+    """
+    count = 0
+
+    def scrub(attributes) -> None:  # type: ignore[no-untyped-def]
+        nonlocal count
+        for kv in attributes:
+            if matches(kv.key):
+                kv.value.Clear()
+                kv.value.string_value = REDACTED
+                count += 1
+
+    for resource_spans in request.resource_spans:
+        scrub(resource_spans.resource.attributes)
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                scrub(span.attributes)
+                for event in span.events:
+                    scrub(event.attributes)
+    return count
+
+
 @dataclass(slots=True)
 class Ingestor:
     """The SpanSink of the service: validates, accounts, offers to the buffer, says what to answer."""
@@ -110,9 +159,34 @@ class Ingestor:
     on_accept: Callable[[], None] | None = field(default=None, repr=False)
     wal: WriteAheadLog | None = field(default=None, repr=False)
     """When set, every request with spans taken is logged (keyed by trace id) before it is answered."""
+    max_spans_per_request: int | None = None
+    """Spans beyond this many in one request (document order) are rejected with reason `limit`."""
+    limit_meter: Callable[[str, int], None] | None = field(default=None, repr=False)
+    """Counts exceeded limits by name (stepwatch_limits_exceeded_total{limit})."""
+    redaction: Callable[[str], Callable[[str], bool] | None] | None = field(default=None, repr=False)
+    """Tenant -> attribute-key matcher whose values are redacted before buffering/logging, or None."""
+    buffer_key: Callable[[str, bytes], bytes] | None = field(default=None, repr=False)
+    """(tenant, trace id) -> buffer key, so two tenants' equal trace ids are separate partitions."""
 
-    def consume(self, request: ExportTraceServiceRequest, protocol: str) -> IngestResult:
+    def consume(
+        self, request: ExportTraceServiceRequest, protocol: str, tenant: str = DEFAULT_TENANT
+    ) -> IngestResult:
+        over = 0
+        if self.max_spans_per_request is not None:
+            over = trim_request(request, self.max_spans_per_request)
+            if over and self.limit_meter is not None:
+                self.limit_meter("spans_per_request", over)
+        matcher = self.redaction(tenant) if self.redaction is not None else None
+        if matcher is not None:
+            redact_request(request, matcher)
         records, rejected, details, total = split_request(request)
+        if over:
+            total += over
+            rejected["limit"] += over
+            details["limit"] = f"over the per-request limit of {self.max_spans_per_request} spans"
+        if tenant != DEFAULT_TENANT and self.buffer_key is not None:
+            key = self.buffer_key
+            records = [(key(tenant, r[0]), *r[1:]) for r in records]  # type: ignore[misc]
         acc = self.accounting
         acc.received[protocol] += total
         result = IngestResult()
@@ -130,7 +204,7 @@ class Ingestor:
                 # the request as is (upb serializes ~5x faster than re-assembling records), unless
                 # some spans were invalid: then only the valid ones, so a replay takes exactly those
                 body = records_to_request_bytes(records) if rejected else request.SerializeToString()
-                payload = WalEntry("", "otlp_proto", body).to_bytes()
+                payload = WalEntry(tenant if tenant != DEFAULT_TENANT else "", "otlp_proto", body).to_bytes()
                 if not wal.has_room(len(payload)):
                     acc.rejected["wal_full"] += len(records)
                     result.retry_after = self.retry_after
@@ -145,7 +219,10 @@ class Ingestor:
                 wal.track(ref, {rec[0] for rec in records})
             if admission.limit:
                 rejected["limit"] += admission.limit
-                details["limit"] = f"its partition was closed early at a size limit ({self.limits_note})"
+                note = f"its partition was closed early at a size limit ({self.limits_note})"
+                details["limit"] = f"{details['limit']}; {note}" if "limit" in details else note
+                if self.limit_meter is not None:
+                    self.limit_meter("spans_per_trace", admission.limit)
                 result.rejected += admission.limit
             result.accepted = admission.accepted + admission.late
             if admission.duplicates:

@@ -15,8 +15,10 @@ import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
+from aiohttp import web
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -24,7 +26,7 @@ from stepwatch.evaluator.accounting import SpanAccounting
 from stepwatch.evaluator.buffer import ClosedPartition, PartitionBuffer
 from stepwatch.evaluator.clock import Clock, SystemClock
 from stepwatch.evaluator.expectation import Expectation
-from stepwatch.evaluator.expectations_store import ExpectationsStore, load_expectations
+from stepwatch.evaluator.expectations_store import ExpectationsStore
 from stepwatch.evaluator.judge.factory import build_runner
 from stepwatch.evaluator.judge.registration import judge_scorer_entries
 from stepwatch.evaluator.judge.runner import JudgeRunner
@@ -54,6 +56,32 @@ from stepwatch.receiver.wal_format import WalEntry
 from .config import ServiceConfig, parse_endpoint
 from .delivery import DeliveryTracker
 from .expectations_watch import ExpectationsWatcher
+from .security import (
+    DEFAULT_TENANT,
+    AdminAuthenticator,
+    BearerAuthenticator,
+    BearerAuthInterceptor,
+    PrometheusLimitMeter,
+    Redactor,
+    Tenant,
+    TenantPolicy,
+    admin_auth_middleware,
+    bearer_auth_middleware,
+    current_tenant,
+    grpc_server_credentials,
+    server_ssl_context,
+)
+from .security.auth import TENANT_KEY
+from .tenancy import (
+    PrivateSink,
+    TenantExpectations,
+    TenantScope,
+    guard,
+    guarded_scorers,
+    limit_spans,
+    load_bounded_expectations,
+    tenant_of,
+)
 
 log = logging.getLogger("stepwatch")
 
@@ -89,22 +117,48 @@ class Service:
         self._judging: dict[str, asyncio.Task[None]] = {}  # partition id -> revision awaiting async scorers
         self._judge_in_worker = self.judge_runner is not None and self.judge_runner.judge.backend == "local"
         self.accounting = SpanAccounting()
-        self.buffer = PartitionBuffer(config.buffer.limits(), self.accounting, self.clock.monotonic)
+        sec = config.security
+        self.limits = sec.limits
+        self.scope = TenantScope(sec)
+        self.policy = TenantPolicy(sec, config.expectations.file)
+        buffer_limits = replace(
+            config.buffer.limits(),
+            max_spans_per_trace=min(config.buffer.max_spans_per_trace, sec.limits.max_spans_per_trace),
+            max_traces_per_session=min(
+                config.buffer.max_traces_per_session, sec.limits.max_traces_per_session
+            ),
+        )
+        self.buffer = PartitionBuffer(buffer_limits, self.accounting, self.clock.monotonic)
         limits = config.buffer
+        prom = config.exporters.prometheus
+        self.prometheus = PrometheusExporter(
+            prom.max_task_keys,
+            lambda key: self.tenant_expectations.registered_anywhere(key),
+            self.clock.monotonic,
+            tenant_label=self.policy.enabled,
+        )
+        self.limit_meter = PrometheusLimitMeter(self.prometheus.registry)
+        # attribute redaction per tenant; tenants without their own privacy use the top level
+        redactors = {"": Redactor.from_config(sec.privacy)} | {
+            name: Redactor.from_config(self.policy.privacy(Tenant(name))) for name in sec.tenancy.tenants
+        }
+        matchers = {name: r.matches if r.active else None for name, r in redactors.items()}
         self.ingestor = Ingestor(
             self.buffer,
             self.accounting,
             retry_after=limits.retry_after,
-            limits_note=f"max_spans_per_trace={limits.max_spans_per_trace}",
+            limits_note=f"max_spans_per_trace={buffer_limits.max_spans_per_trace}",
+            max_spans_per_request=sec.limits.max_spans_per_request,
+            limit_meter=self.limit_meter.exceeded,
+            redaction=(lambda t: matchers.get(t, matchers[""])) if any(matchers.values()) else None,
+            buffer_key=self.scope.trace_key,
         )
-        self.expectations = ExpectationsStore()
         path = config.expectations.file
-        if path is not None:
-            self.expectations = load_expectations(path, self.scorers.check_names)  # invalid: fail at start
-        prom = config.exporters.prometheus
-        self.prometheus = PrometheusExporter(
-            prom.max_task_keys, lambda key: key in self.expectations, self.clock.monotonic
+        # each tenant's own file only (no fallback); invalid or over a limit: fail at start
+        self.tenant_expectations = TenantExpectations(
+            self.policy.expectations_files(), self._load_expectations
         )
+        self.expectations = self.tenant_expectations.get(DEFAULT_TENANT.name)
         if self.judge_runner is not None:
             self.prometheus.registry.register(JudgeCollector(self.judge_runner))
         exp = config.exporters
@@ -114,10 +168,14 @@ class Service:
             otel_metrics=exp.otel_metrics,
             otel_events=exp.otel_events,
             registry=self.prometheus.registry,
-            is_registered=lambda key: key in self.expectations,
+            is_registered=lambda key: self.tenant_expectations.registered_anywhere(key),
         )
         self.streams = streams
         sinks: list[ScoreExporter] = [self.prometheus, *streams, *exporters]
+        sinks = [
+            PrivateSink(sink, lambda tenant: self.policy.privacy(Tenant(tenant)).include_content)
+            for sink in sinks
+        ]
         wal_config = config.durability.wal_config()
         self.wal: WriteAheadLog | None = None
         if wal_config is not None:
@@ -142,35 +200,78 @@ class Service:
         self._max_wal_hold = buf.max_trace_age + buf.max_session_age + buf.late_span_window + 60.0
         self.prometheus.watch_ingest(self.accounting, self._gauges, lambda: dict(self.fanout.dropped))
         self.watcher: ExpectationsWatcher | None = None
-        if path is not None and config.expectations.watch:
-            self.watcher = ExpectationsWatcher(
-                path,
-                lambda p: load_expectations(p, self.scorers.check_names),
-                self._expectations_loaded,
-                lambda message: self.prometheus.expectations_reloaded(False),
-                config.expectations.poll_interval,
-                self.expectations.digest,
-            )
+        self.tenant_watchers: list[ExpectationsWatcher] = []
+        if config.expectations.watch:
+            for name, file in self.tenant_expectations.files.items():
+                watcher = ExpectationsWatcher(
+                    file,
+                    self._load_expectations,
+                    lambda store, name=name: self._expectations_loaded(store, name),
+                    lambda message: self.prometheus.expectations_reloaded(False),
+                    config.expectations.poll_interval,
+                    self.tenant_expectations.get(name).digest,
+                )
+                if name == DEFAULT_TENANT.name and file == path:
+                    self.watcher = watcher
+                else:
+                    self.tenant_watchers.append(watcher)
         rec = config.receivers
         self.grpc: OtlpGrpcReceiver | None = None
         self.http: OtlpHttpReceiver | None = None
+        # TLS and tokens are loaded now, so a bad file stops `serve` with exit 2 before it listens
+        self.authenticator = BearerAuthenticator.from_config(sec.auth)
+        self.scope.check_names(self.authenticator.tenants)
+        auth_on = self.authenticator.enabled
+        tls = sec.receivers_tls
         if rec.grpc.enabled:
             host, port = parse_endpoint(rec.grpc.endpoint)
+            interceptor = BearerAuthInterceptor(
+                self.authenticator, on_rejected=lambda n: self._auth_rejected("grpc", n)
+            )
             self.grpc = OtlpGrpcReceiver(
                 self.ingestor,
                 self.accounting,
                 host,
                 port,
-                rec.grpc.max_recv_message_bytes,
+                min(rec.grpc.max_recv_message_bytes, sec.limits.max_message_bytes),
                 rec.grpc.max_concurrent_rpcs,
+                credentials=grpc_server_credentials(tls) if tls.enabled else None,
+                interceptors=[interceptor] if auth_on else (),
+                tenant=lambda: self.scope.name(current_tenant.get()),
+                on_too_large=lambda: self.limit_meter.exceeded("message_size"),
             )
         if rec.http.enabled:
             host, port = parse_endpoint(rec.http.endpoint)
-            self.http = OtlpHttpReceiver(self.ingestor, self.accounting, host, port, rec.http.max_body_bytes)
+
+            async def http_rejected(request: web.Request) -> None:
+                assert self.http is not None
+                self._auth_rejected("http", await self.http.count_spans(request))
+
+            self.http = OtlpHttpReceiver(
+                self.ingestor,
+                self.accounting,
+                host,
+                port,
+                min(rec.http.max_body_bytes, sec.limits.max_http_body_bytes),
+                ssl_context=server_ssl_context(tls).context if tls.enabled else None,
+                middlewares=[bearer_auth_middleware(self.authenticator, on_rejected=http_rejected)]
+                if auth_on
+                else (),
+                tenant=lambda request: self.scope.name(request.get(TENANT_KEY)),
+                on_too_large=lambda: self.limit_meter.exceeded("message_size"),
+            )
         self.metrics_server: MetricsServer | None = None
         if prom.enabled:
             host, port = parse_endpoint(prom.endpoint)
-            self.metrics_server = MetricsServer(self.prometheus.registry, host, port, self.ready)
+            admin = AdminAuthenticator(sec.metrics_auth)
+            self.metrics_server = MetricsServer(
+                self.prometheus.registry,
+                host,
+                port,
+                self.ready,
+                ssl_context=server_ssl_context(sec.metrics_tls).context if sec.metrics_tls.enabled else None,
+                middlewares=[admin_auth_middleware(admin)] if admin.enabled else (),
+            )
         self._executor = ThreadPoolExecutor(config.scoring.workers, thread_name_prefix="stepwatch-score")
         self._inflight: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
@@ -187,8 +288,9 @@ class Service:
                 "metrics listening on http://%s/metrics (/healthz, /readyz)",
                 self._addr(self.metrics_server.port, self.config.exporters.prometheus.endpoint),
             )
-        if self.watcher is not None:
-            await self.watcher.start()
+        for watcher in (self.watcher, *self.tenant_watchers):
+            if watcher is not None:
+                await watcher.start()
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="stepwatch-sweep")
         if self.wal is not None:
             await self._replay_wal(self.wal)
@@ -220,8 +322,9 @@ class Service:
         """Every exporter has handled the event: the spans behind it need no replay."""
         for log_ in (self.wal, self.kafka_ingest):
             if log_ is not None:
+                tenant = tenant_of(event.attributes)
                 for trace_id in event.trace_ids:
-                    log_.release(bytes.fromhex(trace_id))
+                    log_.release(self.scope.trace_key(tenant, bytes.fromhex(trace_id)))
 
     async def _from_kafka(self, message: IngestedMessage) -> set[bytes]:
         """One Kafka message into the buffer; its trace ids are the keys its offset is held by."""
@@ -261,6 +364,8 @@ class Service:
             entry = WalEntry.from_bytes(payload)
             request = ExportTraceServiceRequest.FromString(entry.data)
             records, _, _, _ = split_request(request)
+            if entry.tenant:  # spans of a named tenant: back under that tenant's keys
+                records = [(self.scope.trace_key(entry.tenant, r[0]), *r[1:]) for r in records]  # type: ignore[misc]
             while self.buffer.offer(records).full:  # let the sweep and the scorers make room
                 await asyncio.sleep(self.config.buffer.sweep_interval)
             wal.track(ref, {rec[0] for rec in records})
@@ -309,8 +414,9 @@ class Service:
             log.error(
                 "shutdown: %d span(s) could not be scored before the deadline", self.buffer.buffered_spans
             )
-        if self.watcher is not None:
-            await self.watcher.shutdown()
+        for watcher in (self.watcher, *self.tenant_watchers):
+            if watcher is not None:
+                await watcher.shutdown()
         await self.fanout.shutdown()
         aclose = getattr(self.judge_runner.judge, "aclose", None) if self.judge_runner else None
         if aclose is not None:
@@ -439,18 +545,26 @@ class Service:
         return outputs
 
     def _process(self, closed: ClosedPartition) -> tuple[_Scored | None, list[ClosedPartition]]:
-        spans = decode_records(closed.records)
+        spans = limit_spans(decode_records(closed.records), self.limits, self.limit_meter)
         keys = self.config.partitioning.task_key_attributes
-        store = self.expectations
+        if closed.partition_type == "session":
+            tenant, partition_id = self.scope.split_session(closed.partition_id)
+        else:
+            tenant, partition_id = self.scope.split_trace(closed.partition_id)
+        store = self.tenant_expectations.get(tenant)  # this tenant's own, never another's
         if closed.needs_routing:
-            partition = build_partition("trace", closed.partition_id, spans, task_key_attributes=keys)
+            partition = build_partition("trace", partition_id, spans, task_key_attributes=keys)
             expectation = store.get(partition.task_key)
             if expectation is not None and expectation.partition == "session" and partition.session_id:
-                return None, self.buffer.join_session(closed, partition.session_id, partition.task_key)
+                session_key = self.scope.session_key(tenant, partition.session_id)
+                more = self.buffer.join_session(closed, session_key, partition.task_key)
+                if any(c.reason == "limit" for c in more):
+                    self.limit_meter.exceeded("traces_per_session")
+                return None, more
             self.buffer.settle_trace(closed)
         elif closed.partition_type == "session":
             partition = build_partition(
-                "session", closed.partition_id, spans, task_key_attributes=keys, session_id=closed.session_id
+                "session", partition_id, spans, task_key_attributes=keys, session_id=partition_id
             )
             # the session was formed under its first trace's task key; keep scoring it against that
             task_key = closed.task_key or partition.task_key
@@ -458,9 +572,9 @@ class Service:
                 partition = partition.model_copy(update={"task_key": task_key})
             expectation = store.get(task_key)
         else:
-            partition = build_partition("trace", closed.partition_id, spans, task_key_attributes=keys)
+            partition = build_partition("trace", partition_id, spans, task_key_attributes=keys)
             expectation = store.get(partition.task_key)
-        return self._score(partition, expectation, closed, store), []
+        return self._score(partition, expectation, closed, store, tenant), []
 
     def _score(
         self,
@@ -468,11 +582,15 @@ class Service:
         expectation: Expectation | None,
         closed: ClosedPartition,
         store: ExpectationsStore,
+        tenant: str = DEFAULT_TENANT.name,
     ) -> _Scored:
-        scorers = self.scorers.scorers_for(expectation)
         inp = build_scoring_input(partition, expectation)
+        # alignment too large for the shared worker: those scorers are not_scored, the rest run
+        scorers, skipped = guarded_scorers(
+            self.scorers.scorers_for(expectation), guard(inp, self.limits, self.limit_meter)
+        )
         sync = [s for s in scorers if not is_async_scorer(s)]
-        results = run_sync_scorers(inp, sync)
+        results = [*run_sync_scorers(inp, sync), *skipped]
         acc = self.accounting
         if closed.revision == 0:
             acc.scored += closed.new_spans
@@ -494,7 +612,10 @@ class Service:
             expectation_version=expectation.version if expectation is not None else None,
             scored_at_unix_nano=time.time_ns(),
             last_span_monotonic=closed.last_arrival,
-            attributes=self._stream_attributes(partition),
+            attributes={
+                **self._stream_attributes(partition),
+                **({"tenant": tenant} if self.policy.enabled else {}),
+            },
         )
         return _Scored(event, inp, [s for s in scorers if is_async_scorer(s)])
 
@@ -512,9 +633,19 @@ class Service:
 
     # -- expectations and gauges ----------------------------------------------------------------
 
-    def _expectations_loaded(self, store: ExpectationsStore) -> None:
-        self.expectations = store
+    def _load_expectations(self, path: Path) -> ExpectationsStore:
+        return load_bounded_expectations(path, self.scorers.check_names, self.limits, self.limit_meter)
+
+    def _expectations_loaded(self, store: ExpectationsStore, tenant: str = DEFAULT_TENANT.name) -> None:
+        self.tenant_expectations.replace(tenant, store)
+        if tenant == DEFAULT_TENANT.name:
+            self.expectations = store
         self.prometheus.expectations_reloaded(True)
+
+    def _auth_rejected(self, protocol: str, spans: int) -> None:
+        """A request without a valid token: its spans are received and rejected (reason auth)."""
+        self.accounting.received[protocol] += spans
+        self.accounting.rejected["auth"] += spans
 
     def _gauges(self) -> BufferGauges:
         return BufferGauges(

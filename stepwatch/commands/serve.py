@@ -78,6 +78,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("otlp_proto", "otlp_json"),
         help="message encoding (default otlp_proto)",
     )
+    parser.add_argument(
+        "--tls-cert", metavar="FILE", help="PEM certificate for the OTLP receivers (TLS; reloaded on change)"
+    )
+    parser.add_argument("--tls-key", metavar="FILE", help="PEM private key for --tls-cert")
+    parser.add_argument(
+        "--tls-client-ca", metavar="FILE", help="PEM CA: require client certificates signed by it (mTLS)"
+    )
+    parser.add_argument(
+        "--auth-tokens",
+        metavar="FILE",
+        help="YAML bearer tokens, tenant -> [tokens] (a bare list: one tenant); requests without one get 401",
+    )
     parser.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="logging level")
 
 
@@ -127,6 +139,10 @@ def flag_overrides(args: argparse.Namespace) -> dict[str, tuple[object, str]]:
         "receivers.kafka.group_id": (getattr(args, "kafka_ingest_group", None), "--kafka-ingest-group"),
         "receivers.kafka.encoding": (getattr(args, "kafka_ingest_encoding", None), "--kafka-ingest-encoding"),
         "logging.level": (getattr(args, "log_level", None), "--log-level"),
+        "security.receivers_tls.cert_file": (getattr(args, "tls_cert", None), "--tls-cert"),
+        "security.receivers_tls.key_file": (getattr(args, "tls_key", None), "--tls-key"),
+        "security.receivers_tls.client_ca_file": (getattr(args, "tls_client_ca", None), "--tls-client-ca"),
+        "security.auth.tokens_file": (getattr(args, "auth_tokens", None), "--auth-tokens"),
     }
 
 
@@ -145,12 +161,15 @@ def run(args: argparse.Namespace) -> int:
     from stepwatch.cli import UsageError
     from stepwatch.config import ConfigError, load_config
     from stepwatch.evaluator.expectations_store import ExpectationsError
+    from stepwatch.security import AuthConfigError, SecretsLogFilter, TLSConfigError
 
     try:
         config = load_config(Path(args.config) if args.config else None, flags=flag_overrides(args))
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     logging.basicConfig(level=config.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:  # in case a library logs an Authorization header
+        handler.addFilter(SecretsLogFilter())
     # Buffered spans are many long-lived objects; default GC thresholds re-scan them constantly while
     # scoring allocates (measured: ~30% of scoring time with 250k spans buffered, bench/bench_e2e.py).
     gc.set_threshold(100_000, 50, 100)
@@ -160,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
 
         try:
             service = Service(config)
-        except ExpectationsError as exc:
+        except (ExpectationsError, TLSConfigError, AuthConfigError) as exc:
             raise UsageError(str(exc)) from None
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

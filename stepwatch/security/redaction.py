@@ -58,6 +58,10 @@ class Redactor:
     def _hit(self, key: str) -> bool:
         return key in self._exact or (bool(self._prefixes) and key.startswith(self._prefixes))
 
+    def matches(self, key: str) -> bool:
+        """Whether `key`'s value is redacted (what the ingest path calls on the raw protobuf)."""
+        return self._hit(key)
+
     def redact_attributes(self, attributes: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
         """(attributes with matching values replaced, how many were replaced)."""
         hits = [k for k in attributes if self._hit(k)]
