@@ -19,16 +19,18 @@ import asyncio
 import inspect
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
 from .expectation import Expectation, ExpectedStep, ScoringMethod
 from .model import Partition
+from .partitioning import EXPECTED_STEPS_ATTRIBUTE, SESSION_ID_ATTRIBUTES
 from .results import ScoreResult
 from .scorers.base import Scorer, ScoringInput
-from .steps import extract_steps
-from .trajectory_build import build_trajectory
+from .steps import EMBEDDED_CALL_PREFIXES, STEP_ATTRIBUTES, extract_steps
+from .trajectory_build import TRAJECTORY_ATTRIBUTES, build_trajectory
 
 STEP_ACCURACY = "agent.step_accuracy"
 EXPECTED_STEPS_ERROR = "expected_steps_error"
@@ -98,6 +100,42 @@ def build_scoring_input(
         scoring_method=method,
         extras=all_extras,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class AttributeSelection:
+    """Which span attributes a decoder must convert: `keys`, and keys starting with `prefixes`."""
+
+    keys: frozenset[str]
+    prefixes: tuple[str, ...]
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and (key in self.keys or key.startswith(self.prefixes))
+
+
+def scoring_attributes(task_key_attributes: Sequence[str]) -> AttributeSelection:
+    """Every span attribute partitioning, step extraction and the trajectory read.
+
+    Scorers that declare `reads_span_attributes = False` see nothing else, so a partition decoded
+    with only these attributes scores exactly like a fully decoded one, while the large attributes
+    nobody reads (LLM prompts and invocation parameters) are never converted. Keep in step with
+    partitioning.py, steps.py and trajectory_build.py (tests/evaluator/test_pipeline_selection.py).
+    """
+    keys = frozenset(
+        (
+            *task_key_attributes,
+            *SESSION_ID_ATTRIBUTES,
+            EXPECTED_STEPS_ATTRIBUTE,
+            *STEP_ATTRIBUTES,
+            *TRAJECTORY_ATTRIBUTES,
+        )
+    )
+    return AttributeSelection(keys, EMBEDDED_CALL_PREFIXES)
+
+
+def reads_span_attributes(scorer: Scorer) -> bool:
+    """Whether a scorer may read span attributes beyond `scoring_attributes` (default: yes)."""
+    return bool(getattr(scorer, "reads_span_attributes", True))
 
 
 def is_async_scorer(scorer: Scorer) -> bool:

@@ -36,6 +36,19 @@ AGENT_NAME_ATTRIBUTES = ("aip.agent.name", "gen_ai.agent.name", "agent.name")
 TOOL_CALL_ID_ATTRIBUTES = ("gen_ai.tool.call.id", "tool.call.id")
 TOOL_INPUT_ATTRIBUTES = ("gen_ai.tool.call.arguments", "input.value")
 TOOL_OUTPUT_ATTRIBUTES = ("gen_ai.tool.call.result", "output.value")
+GENAI_OUTPUT_MESSAGES = "gen_ai.output.messages"
+STEP_KIND_ATTRIBUTES = ("openinference.span.kind", "gen_ai.operation.name", "gen_ai.tool.name")
+STEP_ATTRIBUTES: tuple[str, ...] = (
+    *STEP_KIND_ATTRIBUTES,
+    *TOOL_NAME_ATTRIBUTES,
+    *AGENT_NAME_ATTRIBUTES,
+    *TOOL_CALL_ID_ATTRIBUTES,
+    *TOOL_INPUT_ATTRIBUTES,
+    *TOOL_OUTPUT_ATTRIBUTES,
+    GENAI_OUTPUT_MESSAGES,
+)
+"""Every attribute this module reads by exact key; plus keys under EMBEDDED_CALL_PREFIXES."""
+EMBEDDED_CALL_PREFIXES: tuple[str, ...] = ("llm.output_messages.",)
 
 _OI_TOOL_CALL = re.compile(
     r"^llm\.output_messages\.(\d+)\.message\.tool_calls\.(\d+)\.tool_call\."
@@ -44,11 +57,21 @@ _OI_TOOL_CALL = re.compile(
 _JSON_START = frozenset('{["-0123456789tfn')
 
 
+_JSON_LITERALS = frozenset(("true", "false", "null"))
+_JSON_SPACE = " \t\n\r"
+
+
 def unwrap_json(value: Any) -> Any:
-    """A string that parses as JSON becomes the parsed value (trajectory-format.txt); else as is."""
+    """A string that parses as JSON becomes the parsed value (trajectory-format.txt); else as is.
+
+    Text starting with t/f/n parses only as a bare literal, checked without json.loads (a failed
+    parse raises, and free-text tool outputs often start with those letters).
+    """
     if isinstance(value, str) and value:
         head = value.lstrip()[:1]
         if head and head in _JSON_START:
+            if head in "tfn" and value.strip(_JSON_SPACE) not in _JSON_LITERALS:
+                return value
             try:
                 return json.loads(value)
             except ValueError:
@@ -123,7 +146,7 @@ def embedded_tool_calls(span: Span) -> list[EmbeddedCall]:
                     m,
                 )
             )
-    messages = attributes.get("gen_ai.output.messages")
+    messages = attributes.get(GENAI_OUTPUT_MESSAGES)
     if messages is not None:
         calls.extend(_genai_tool_calls(messages))
     return calls

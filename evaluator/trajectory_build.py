@@ -25,6 +25,22 @@ from .steps import TOOL_INPUT_ATTRIBUTES, TOOL_OUTPUT_ATTRIBUTES, first_attribut
 from .trajectory import TokenUsage, Trajectory, TrajectoryStep
 
 FINAL_ANSWER_ATTRIBUTES = ("output.value", "gen_ai.completion")
+TOKEN_ATTRIBUTES = (
+    "gen_ai.usage.input_tokens",
+    "gen_ai.usage.output_tokens",
+    "llm.token_count.prompt",
+    "llm.token_count.completion",
+)
+TRAJECTORY_ATTRIBUTES: tuple[str, ...] = (
+    "gen_ai.tool.name",
+    "openinference.span.kind",
+    "tool.name",
+    *TOOL_INPUT_ATTRIBUTES,
+    *TOOL_OUTPUT_ATTRIBUTES,
+    *FINAL_ANSWER_ATTRIBUTES,
+    *TOKEN_ATTRIBUTES,
+)
+"""Every attribute this module reads."""
 
 
 def is_tool_call(span: Span) -> bool:

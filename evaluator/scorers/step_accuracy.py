@@ -123,6 +123,8 @@ class StepAccuracyScorer:
     """agent.step_accuracy as a SyncScorer: applicable whenever expected steps were resolved."""
 
     name = METRIC
+    reads_span_attributes = False
+    """Reads steps and trajectory only: the service may decode just `scoring_attributes`."""
 
     def applicable(self, inp: ScoringInput) -> bool:
         return inp.expected_steps is not None

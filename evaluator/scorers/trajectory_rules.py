@@ -232,6 +232,8 @@ class TrajectoryRulesScorer:
     """The `trajectory` scorer: passes iff every rule holds; score = fraction of rules that hold."""
 
     name = "trajectory"
+    reads_span_attributes = False
+    """Reads steps and trajectory only: the service may decode just `scoring_attributes`."""
 
     def applicable(self, inp: ScoringInput) -> bool:
         return inp.expectation is not None and bool(inp.expectation.rules)

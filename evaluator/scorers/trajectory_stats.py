@@ -34,6 +34,8 @@ def _result(name: str, value: float, inp: ScoringInput, metadata: dict[str, Any]
 
 class StepCountScorer:
     name = STEP_COUNT
+    reads_span_attributes = False
+    """Reads steps and trajectory only: the service may decode just `scoring_attributes`."""
 
     def applicable(self, inp: ScoringInput) -> bool:
         return True
@@ -44,6 +46,8 @@ class StepCountScorer:
 
 class LatencyScorer:
     name = LATENCY_SECONDS
+    reads_span_attributes = False
+    """Reads steps and trajectory only: the service may decode just `scoring_attributes`."""
 
     def applicable(self, inp: ScoringInput) -> bool:
         return True
@@ -57,6 +61,8 @@ class LatencyScorer:
 
 class TotalTokensScorer:
     name = TOTAL_TOKENS
+    reads_span_attributes = False
+    """Reads steps and trajectory only: the service may decode just `scoring_attributes`."""
 
     def applicable(self, inp: ScoringInput) -> bool:
         return True

@@ -1,0 +1,108 @@
+"""The close-time fast paths give exactly what the plain code gives.
+
+- `unwrap_json`'s literal pre-check agrees with json.loads on tricky strings;
+- `new_span` builds the same Span as `Span.model_construct`;
+- `records_request_bytes` re-assembles byte-identically to `ingest.records_to_request_bytes`;
+- decoding only `scoring_attributes` scores every corpus trace exactly like a full decode with the
+  scorers that declare `reads_span_attributes = False`, so the allowlist cannot silently miss a key.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from stepwatch.evaluator.expectation import Expectation
+from stepwatch.evaluator.model import Span
+from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES, partition_traces
+from stepwatch.evaluator.pipeline import reads_span_attributes, score_partition, scoring_attributes
+from stepwatch.evaluator.scorers.registry import ScorerRegistry
+from stepwatch.evaluator.steps import unwrap_json
+from stepwatch.receiver.ingest import records_to_request_bytes, split_request
+from stepwatch.receiver.otlp_proto import new_span
+from stepwatch.receiver.records import decode_records, records_request_bytes
+
+CORPUS = Path("/work/shared/corpus")
+
+
+def _reference_unwrap(value: Any) -> Any:
+    if isinstance(value, str) and value:
+        head = value.lstrip()[:1]
+        if head and head in '{["-0123456789tfn':
+            try:
+                return json.loads(value)
+            except ValueError:
+                return value
+    return value
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["true", " true ", "\ttrue\n", "true\x0c", "\x0ctrue", "truex", "null", "null null", "false ",
+     "the cat", "nan", "n", "t", "tru", "true,", "true\u00a0", "[1, 2]", "-3", "fixture", '{"a": 1}'],
+)  # fmt: skip
+def test_unwrap_json_matches_json_loads(text: str) -> None:
+    got, want = unwrap_json(text), _reference_unwrap(text)
+    assert got == want and type(got) is type(want)
+
+
+def test_new_span_equals_model_construct() -> None:
+    fields: dict[str, Any] = {
+        "trace_id": "ab" * 16, "span_id": "cd" * 8, "parent_span_id": None, "name": "x", "kind": "CLIENT",
+        "start_time_unix_nano": 1, "end_time_unix_nano": 2, "status_code": "ERROR", "status_message": "m",
+        "attributes": {"k": [1, "v"]}, "resource_attributes": {"service.name": "s"}, "scope_name": "sc",
+        "seq": 3,
+    }  # fmt: skip
+    fast, slow = new_span(dict(fields)), Span.model_construct(**fields)
+    assert fast == slow
+    assert fast.model_dump() == slow.model_dump()
+    assert fast.model_dump_json() == slow.model_dump_json()
+    assert fast.model_fields_set == slow.model_fields_set
+    assert fast.model_copy(update={"name": "y"}).name == "y"
+
+
+def _corpus_records() -> list[list[tuple[bytes, bytes, int, bytes, object]]]:
+    """Every OTLP protobuf corpus file's spans as buffer records, grouped by trace."""
+    out = []
+    for path in sorted(CORPUS.glob("*.pb")):
+        records, _, _, _ = split_request(ExportTraceServiceRequest.FromString(path.read_bytes()))
+        by_trace: dict[bytes, list[Any]] = {}
+        for record in records:
+            by_trace.setdefault(record[0], []).append(record)
+        out.extend(by_trace.values())
+    return out
+
+
+def test_records_reassembly_is_byte_identical() -> None:
+    groups = _corpus_records()
+    assert groups, f"no protobuf corpus files under {CORPUS}"
+    for records in groups:
+        assert records_request_bytes(records) == records_to_request_bytes(records)
+
+
+def test_selected_decode_scores_like_full_decode() -> None:
+    registry = ScorerRegistry.builtin()
+    scorers = [registry.create(name) for name in registry.names]
+    assert not any(reads_span_attributes(s) for s in scorers)
+    selection = scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES)
+    groups = _corpus_records()
+    for records in groups:
+        full = partition_traces(decode_records(records))
+        slim = partition_traces(decode_records(records, selection))
+        assert [p.model_copy(update={"spans": []}) for p in full] == [
+            p.model_copy(update={"spans": []}) for p in slim
+        ]
+        for a, b in zip(full, slim, strict=True):
+            inp, _ = score_partition(a, None, scorers)
+            names = [step.name for step in inp.steps] or ["none"]
+            expectation = Expectation.model_validate(
+                {"expected_steps": names[::-1], "rules": [{"must_call": names[0]}, {"max_steps": 2}]}
+            )
+            want = score_partition(a, expectation, scorers)
+            got = score_partition(b, expectation, scorers)
+            assert got[1] == want[1]
+            assert got[0].steps == want[0].steps and got[0].trajectory == want[0].trajectory
