@@ -209,6 +209,22 @@ class PrivateSink:
     async def export(self, events: Sequence[Any]) -> None:
         await self.inner.export([self._strip(event) for event in events])
 
+    @property
+    def defers_handled(self) -> bool:
+        """Forwarded: the Kafka stream reports each event handled only once sent or spooled."""
+        return bool(getattr(self.inner, "defers_handled", False))
+
+    async def export_tracked(self, events: Sequence[Any], handled: Callable[[Sequence[Any]], None]) -> None:
+        """export() for a `defers_handled` inner exporter; `handled` gets the caller's events back
+        (the delivery tracker knows them, not the stripped copies)."""
+        stripped = [self._strip(event) for event in events]
+        originals = {id(copy): event for copy, event in zip(stripped, events, strict=True)}
+
+        def done(copies: Sequence[Any]) -> None:
+            handled([originals.pop(id(copy), copy) for copy in copies])
+
+        await self.inner.export_tracked(stripped, done)
+
     def _strip(self, event: Any) -> Any:
         if self._include(tenant_of(event.attributes)):
             return event

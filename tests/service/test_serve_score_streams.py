@@ -1,0 +1,493 @@
+"""Score streams wired into the running service: Kafka score events against a real tansu broker
+(schema, broker restart, process restart with a spool, receivers never blocked), OTel metrics and
+evaluation events over real OTLP, the WAL holding spans until Kafka has the event."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc
+import jsonschema
+import pytest
+import yaml
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "exporters"))
+from kafka_broker import TansuBroker, free_port
+from scorestream_helpers import TopicReader
+from test_otel_streams import attrs, grpc_sink  # noqa: F401 - the fixture is used by name
+
+from stepwatch.commands import serve as serve_command
+from stepwatch.config import load_config
+from stepwatch.exporters.base import InMemoryScoreExporter, PartitionScores
+from stepwatch.exporters.config import ScoreEventConfig
+from stepwatch.exporters.events import ScoreEvent, score_event_json_schema
+from stepwatch.exporters.score_streams import wire_events
+from stepwatch.service import Service
+
+pytestmark = pytest.mark.slow
+
+STEPWATCH = str(Path(sys.executable).parent / "stepwatch")
+EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+TASK = "book-flight"
+EXPECTATIONS = f"tasks:\n  {TASK}:\n    expected_steps: [search_flights, book_flight]\n"
+METRICS = {
+    "agent.step_accuracy",
+    "trajectory.step_count",
+    "trajectory.latency_seconds",
+    "trajectory.total_tokens",
+}
+FAST = {
+    "buffer": {"trace_idle_timeout": 0.2, "rootless_trace_idle_timeout": 0.5, "sweep_interval": 0.02},
+    "expectations": {"poll_interval": 0.05},
+}
+VALIDATOR = jsonschema.Draft202012Validator(score_event_json_schema())
+
+
+def _kv(key: str, value: str) -> KeyValue:
+    return KeyValue(key=key, value=AnyValue(string_value=value))
+
+
+def trace_request(trace_ids: list[bytes], task_key: str = TASK) -> ExportTraceServiceRequest:
+    """Agent traces as the OTel GenAI conventions write them: a root agent span and two tool calls."""
+    request = ExportTraceServiceRequest()
+    scope = request.resource_spans.add().scope_spans.add()
+    for trace_id in trace_ids:
+        root = os.urandom(8)
+        for index, name in enumerate(("search_flights", "book_flight", None)):
+            span = scope.spans.add()
+            span.trace_id, span.kind = trace_id, 1
+            span.start_time_unix_nano = 1_767_225_600_000_000_000 + index * 1000
+            span.end_time_unix_nano = span.start_time_unix_nano + 500
+            if name is None:
+                span.span_id, span.name = root, "invoke_agent booker"
+                span.attributes.extend(
+                    [_kv("aip.task.key", task_key), _kv("gen_ai.operation.name", "invoke_agent")]
+                )
+            else:
+                span.span_id, span.parent_span_id, span.name = os.urandom(8), root, f"execute_tool {name}"
+                span.attributes.extend(
+                    [_kv("gen_ai.operation.name", "execute_tool"), _kv("gen_ai.tool.name", name)]
+                )
+    return request
+
+
+async def send(port: int, trace_ids: list[bytes] | ExportTraceServiceRequest) -> float:
+    """Export over real OTLP/gRPC; returns how long the receiver took to answer."""
+    request = trace_ids if isinstance(trace_ids, ExportTraceServiceRequest) else trace_request(trace_ids)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        started = time.monotonic()
+        await channel.unary_unary(EXPORT)(request.SerializeToString(), timeout=10)
+        return time.monotonic() - started
+
+
+def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+async def ascrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """scrape() off the loop: the in-process service answers on this very loop."""
+    return await asyncio.to_thread(scrape, port)
+
+
+async def counter(port: int, name: str, at_least: float) -> bool:
+    return total(await ascrape(port), name) >= at_least
+
+
+def total(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
+
+
+async def until(predicate: Any, timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def kafka_section(bootstrap: str, topic: str, spool: Path, **more: Any) -> dict[str, Any]:
+    return {
+        "enabled": True,
+        "bootstrap_servers": [bootstrap],
+        "topic": topic,
+        "linger_ms": 5,
+        "request_timeout_ms": 2000,
+        "reconnect_backoff_max_seconds": 0.5,
+        "shutdown_timeout_seconds": 2,
+        "spool": {"directory": str(spool), "fsync": "always"},
+        **more,
+    }
+
+
+@asynccontextmanager
+async def running(
+    tmp_path: Path, config: dict[str, Any], argv: list[str] = (), memory: InMemoryScoreExporter | None = None
+) -> AsyncIterator[tuple[Service, int]]:
+    """An in-process Service on free ports, configured by a YAML file plus `stepwatch serve` flags."""
+    expectations = tmp_path / "expectations.yaml"
+    expectations.write_text(EXPECTATIONS)
+    base = {
+        "receivers": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"enabled": False}},
+        "expectations": {"file": str(expectations)},
+    }
+    merged = _merge(_merge(FAST, base), config)
+    merged.setdefault("exporters", {}).setdefault("prometheus", {})["endpoint"] = "127.0.0.1:0"
+    path = tmp_path / "stepwatch.yaml"
+    path.write_text(yaml.safe_dump(merged))
+    parser = __import__("argparse").ArgumentParser()
+    serve_command.add_arguments(parser)
+    flags = serve_command.flag_overrides(parser.parse_args(list(argv)))
+    service = Service(load_config(path, environ={}, flags=flags), exporters=[memory] if memory else ())
+    await service.start()
+    try:
+        assert service.grpc is not None and service.metrics_server is not None
+        yield service, service.metrics_server.port
+    finally:
+        await service.shutdown(grace=1.0)
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = (
+            _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        )
+    return out
+
+
+def expected_ids(scores: list[PartitionScores]) -> set[str]:
+    return {e.event_id for s in scores for e in wire_events(s, ScoreEventConfig())}
+
+
+def validated(records: list[tuple[bytes, bytes]]) -> list[ScoreEvent]:
+    """Every record checked against the published JSON Schema and parsed; keys are partition ids."""
+    events = []
+    for key, value in records:
+        VALIDATOR.validate(json.loads(value))
+        event = ScoreEvent.model_validate_json(value)
+        assert key == event.partition_id.encode()
+        events.append(event)
+    return events
+
+
+@pytest.fixture
+def broker() -> Iterator[TansuBroker]:
+    with TansuBroker(topics=("scores",)) as b:
+        yield b
+
+
+async def test_kafka_events_survive_a_broker_restart_and_never_block_the_receivers(tmp_path, broker) -> None:
+    memory = InMemoryScoreExporter()
+    config = {"exporters": {"kafka": kafka_section(broker.bootstrap, "scores", tmp_path / "spool")}}
+    async with running(tmp_path, config, memory=memory) as (service, metrics_port):
+        reader = await TopicReader(broker.bootstrap, "scores").start()
+        first = [os.urandom(16) for _ in range(10)]
+        await send(service.grpc.port, first)
+        await until(lambda: len(memory.events) == 10, what="10 partitions scored")
+        ids_first = expected_ids(memory.events)
+        assert len(ids_first) == 10 * len(METRICS)
+        await until(
+            lambda: {e.event_id for e in reader.events()} >= ids_first, what="first events on the topic"
+        )
+        before_stop = validated(reader.records)
+        assert {e.metric for e in before_stop} == METRICS
+        assert {e.task_key for e in before_stop} == {TASK}
+        assert all(e.root_span_id and e.trace_ids == [e.partition_id] for e in before_stop)
+        step_accuracy = [e for e in before_stop if e.metric == "agent.step_accuracy"]
+        assert {e.score for e in step_accuracy} == {1.0} and all(e.passed for e in step_accuracy)
+        await reader.stop()
+
+        broker.stop()  # mid-stream: the next traces are scored while Kafka is away
+        answered = []
+        during = []
+        for _ in range(5):
+            batch = [os.urandom(16) for _ in range(6)]
+            during += batch
+            answered.append(await send(service.grpc.port, batch))
+            await asyncio.sleep(0.1)
+        assert max(answered) < 1.0, answered  # receivers are never held up by the exporter
+        await until(lambda: len(memory.events) == 40, what="traces scored while the broker is down")
+        samples = await ascrape(metrics_port)
+        assert total(samples, "stepwatch_spans_scored_total") == 40 * 3
+        assert (
+            total(samples, "stepwatch_evaluations_total", metric="agent.step_accuracy", outcome="pass") == 40
+        )
+        await until(
+            lambda: counter(metrics_port, "stepwatch_kafka_events_spooled_total", 30 * len(METRICS)),
+            what="events spooled while the broker is down",
+        )
+        assert service.streams[0].inner.spool_pending > 0
+
+        broker.start()  # empty storage: everything from now on must come from the spool and the queue
+        late = [os.urandom(16) for _ in range(4)]
+        await send(service.grpc.port, late)
+        await until(lambda: len(memory.events) == 44, what="all traces scored")
+        ids_all = expected_ids(memory.events)
+        reader = await TopicReader(broker.bootstrap, "scores").start()
+        try:
+            await until(
+                lambda: {e.event_id for e in reader.events()} >= ids_all - ids_first, 60, "every event"
+            )
+            await asyncio.sleep(0.5)
+            after = validated(reader.records)
+        finally:
+            await reader.stop()
+    received = before_stop + after
+    got = [e.event_id for e in received]
+    assert set(got) == ids_all  # none lost, nothing unexpected
+    by_id: dict[str, ScoreEvent] = {}
+    for event in received:  # a duplicate is the same event re-sent: identical apart from nothing
+        assert by_id.setdefault(event.event_id, event) == event
+    assert {e.partition_id for e in received} == {t.hex() for t in first + during + late}
+    assert total(scrape_after(service), "stepwatch_kafka_events_failed_total") == 0
+
+
+def scrape_after(service: Service) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Samples straight from the (stopped) service's registry."""
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in service.prometheus.registry.collect()
+        for s in family.samples
+    }
+
+
+async def test_wal_keeps_spans_until_kafka_has_the_event(tmp_path, broker) -> None:
+    """With the log on, a partition's spans are released only when its events are acknowledged by
+    the broker or on disk in the spool, not when they merely sit in the exporter's memory queue."""
+    memory = InMemoryScoreExporter()
+    kafka = kafka_section(broker.bootstrap, "scores", tmp_path / "spool", request_timeout_ms=4000)
+    config = {"exporters": {"kafka": kafka}, "durability": {"data_dir": str(tmp_path / "data")}}
+    async with running(tmp_path, config, memory=memory) as (service, metrics_port):
+        assert service.wal is not None
+        await send(service.grpc.port, [os.urandom(16)])
+        await until(lambda: service.wal.held_keys() == 0 and len(memory.events) == 1, what="first release")
+        assert service.config.kafka_exporter().spool.directory == tmp_path / "spool"
+
+        broker.pause()  # connections stay up, nothing is acknowledged: sends wait for the timeout
+        held = [os.urandom(16) for _ in range(5)]
+        await send(service.grpc.port, held)
+        await until(lambda: len(memory.events) == 6, what="scored while the broker hangs")
+        await asyncio.sleep(0.3)  # Prometheus and the memory exporter are done; Kafka is not
+        assert service.wal.held_keys() == 5
+        assert total(await ascrape(metrics_port), "stepwatch_kafka_events_sent_total") == len(METRICS)
+        await until(lambda: service.wal.held_keys() == 0, 20, "release once the events are spooled")
+        assert total(await ascrape(metrics_port), "stepwatch_kafka_events_spooled_total") >= 5 * len(METRICS)
+        broker.resume()
+        await until(
+            lambda: counter(metrics_port, "stepwatch_kafka_events_sent_total", 6 * len(METRICS)),
+            30,
+            "spooled events sent after the broker answers again",
+        )
+
+
+def test_data_dir_puts_the_spool_in_the_data_volume(tmp_path) -> None:
+    config = load_config(None, environ={}, flags={"durability.data_dir": (str(tmp_path), "--data-dir")})
+    assert config.kafka_exporter().spool.directory == tmp_path / "kafka-spool"
+    parser = __import__("argparse").ArgumentParser()
+    serve_command.add_arguments(parser)
+    args = parser.parse_args(
+        ["--kafka-bootstrap", "a:9092, b:9092", "--kafka-topic", "t", "--spool-dir", "/s", "--data-dir", "/d"]
+    )
+    config = load_config(None, environ={}, flags=serve_command.flag_overrides(args))
+    kafka = config.kafka_exporter()
+    assert kafka.enabled and kafka.bootstrap_servers == ["a:9092", "b:9092"] and kafka.topic == "t"
+    assert kafka.spool.directory == Path("/s")  # --spool-dir wins over DATA_DIR/kafka-spool
+    assert config.receivers.kafka.bootstrap_servers == "a:9092, b:9092"  # one flag feeds the ingest too
+    assert not config.receivers.kafka.enabled  # ...which stays off without --kafka-ingest-topic
+    args = parser.parse_args(["--otlp-metrics-endpoint", "http://collector:4317"])
+    config = load_config(None, environ={}, flags=serve_command.flag_overrides(args))
+    exp = config.exporters
+    assert exp.otel_metrics.enabled and exp.otel_events.enabled and not exp.kafka.enabled
+    assert exp.otel_metrics.otlp.endpoint == exp.otel_events.otlp.endpoint == "http://collector:4317"
+
+
+async def test_otel_metrics_and_evaluation_events_from_the_running_service(tmp_path, grpc_sink) -> None:  # noqa: F811
+    sink, endpoint = grpc_sink
+    config = {
+        "exporters": {
+            "otel_metrics": {"export_interval_seconds": 0.2},
+            "otel_events": {"schedule_delay_seconds": 0.1},
+        }
+    }
+    memory = InMemoryScoreExporter()
+    traces = [os.urandom(16) for _ in range(3)]
+    async with running(tmp_path, config, ["--otlp-metrics-endpoint", endpoint], memory=memory) as (
+        service,
+        _,
+    ):
+        request = trace_request(traces)
+        roots = {
+            s.trace_id.hex(): s.span_id.hex()
+            for s in request.resource_spans[0].scope_spans[0].spans
+            if not s.parent_span_id
+        }
+        await send(service.grpc.port, request)
+        await until(lambda: len(sink.log_records()) >= 3 * len(METRICS), what="evaluation events")
+        await until(lambda: sink.metric_points("gen_ai.evaluation.results"), what="score metrics")
+    records = sink.log_records()
+    assert len(records) == 3 * len(METRICS)
+    for record in records:
+        a = attrs(record.attributes)
+        assert (
+            record.event_name == "gen_ai.evaluation.result" and a["event.name"] == "gen_ai.evaluation.result"
+        )
+        assert a["gen_ai.evaluation.name"] in METRICS and a["stepwatch.task_key"] == TASK
+        assert record.span_id.hex() == roots[record.trace_id.hex()]  # on the scored trace's root span
+    accuracy = [
+        attrs(r.attributes)
+        for r in records
+        if attrs(r.attributes)["gen_ai.evaluation.name"] == "agent.step_accuracy"
+    ]
+    assert [a["gen_ai.evaluation.score.value"] for a in accuracy] == [1.0, 1.0, 1.0]
+    counted = {
+        (
+            attrs(p.attributes)["gen_ai.evaluation.name"],
+            attrs(p.attributes)["stepwatch.evaluation.outcome"],
+        ): p.as_int
+        for _, p in sink.metric_points("gen_ai.evaluation.results")
+    }
+    assert counted[("agent.step_accuracy", "pass")] == 3
+    histogram = [
+        p
+        for _, p in sink.metric_points("gen_ai.evaluation.score")
+        if attrs(p.attributes)["gen_ai.evaluation.name"] == "agent.step_accuracy"
+    ]
+    assert histogram and histogram[-1].count == 3 and histogram[-1].sum == pytest.approx(3.0)
+    assert all(
+        attrs(p.attributes)["stepwatch.task_key"] == TASK
+        for _, p in sink.metric_points("gen_ai.evaluation.score")
+    )
+
+
+# -- `stepwatch serve` as a process: SIGKILL and SIGTERM with events in the spool -----------------
+
+
+def start_serve(tmp_path: Path, bootstrap: str, spool: Path, ports: tuple[int, int]) -> subprocess.Popen[str]:
+    expectations = tmp_path / "expectations.yaml"
+    expectations.write_text(EXPECTATIONS)
+    env = {
+        **os.environ,
+        "STEPWATCH_BUFFER__SWEEP_INTERVAL": "0.02",
+        "STEPWATCH_EXPORTERS__KAFKA__REQUEST_TIMEOUT_MS": "1500",
+        "STEPWATCH_EXPORTERS__KAFKA__RECONNECT_BACKOFF_MAX_SECONDS": "0.5",
+        "STEPWATCH_EXPORTERS__KAFKA__SHUTDOWN_TIMEOUT_SECONDS": "1",
+        "STEPWATCH_EXPORTERS__KAFKA__SPOOL__FSYNC": "always",
+    }
+    grpc_port, metrics_port = ports
+    argv = [
+        STEPWATCH, "serve", "--grpc-endpoint", f"127.0.0.1:{grpc_port}", "--http-endpoint", "127.0.0.1:0",
+        "--metrics-endpoint", f"127.0.0.1:{metrics_port}", "--expectations", str(expectations),
+        "--trace-idle-timeout", "0.2", "--kafka-bootstrap", bootstrap, "--kafka-topic", "scores",
+        "--spool-dir", str(spool),
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"stepwatch exited early: {proc.communicate()[1]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/readyz", timeout=1):
+                return proc
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("stepwatch serve did not become ready")
+
+
+def scored(metrics_port: int) -> float:
+    return total(scrape(metrics_port), "stepwatch_evaluations_total", metric="agent.step_accuracy")
+
+
+def spooled(metrics_port: int) -> float:
+    samples = scrape(metrics_port)
+    on_disk = total(samples, "stepwatch_kafka_spool_bytes") > 0
+    return total(samples, "stepwatch_kafka_events_spooled_total") if on_disk else 0.0
+
+
+def stop(proc: subprocess.Popen[str], sig: signal.Signals) -> tuple[int, str]:
+    proc.send_signal(sig)
+    try:
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, err
+
+
+async def test_events_in_the_spool_are_delivered_after_a_process_restart(tmp_path) -> None:
+    broker = TansuBroker(topics=("scores",))  # down while the first two lives of the process run
+    spool = tmp_path / "spool"
+    ports = (free_port(), free_port())
+    sent: list[bytes] = []
+    try:
+        for sig in (signal.SIGKILL, signal.SIGTERM):
+            proc = start_serve(tmp_path, broker.bootstrap, spool, ports)
+            try:
+                batch = [os.urandom(16) for _ in range(8)]
+                assert await send(ports[0], batch) < 1.0
+                sent += batch
+                await until(lambda: scored(ports[1]) == 8, what="scored")
+                await until(lambda: spooled(ports[1]) >= 8 * len(METRICS), what="this life's events spooled")
+            finally:
+                code, err = stop(proc, sig)
+            if sig == signal.SIGTERM:
+                assert code == 0, err
+                assert "drained: 24 span(s) received, 24 scored" in err
+            else:
+                assert code == -signal.SIGKILL
+        assert any(spool.glob("*.seg"))
+        broker.start()
+        proc = start_serve(tmp_path, broker.bootstrap, spool, ports)
+        reader = await TopicReader(broker.bootstrap, "scores").start()
+        try:
+            await until(
+                lambda: len({e.partition_id for e in reader.events()}) >= len(sent), 60, "spooled events"
+            )
+            await until(
+                lambda: total(scrape(ports[1]), "stepwatch_kafka_spool_bytes") == 0, 30, "an empty spool"
+            )
+            await asyncio.sleep(0.5)
+            received = validated(reader.records)
+        finally:
+            await reader.stop()
+            stop(proc, signal.SIGTERM)
+    finally:
+        broker.stop()
+    assert {e.partition_id for e in received} == {t.hex() for t in sent}
+    assert {(e.partition_id, e.metric) for e in received} == {(t.hex(), m) for t in sent for m in METRICS}
+    assert all(e.revision == 0 and e.close_reason == "idle" for e in received)
+
+
+def test_schema_command_prints_the_score_event_schema() -> None:
+    done = subprocess.run([STEPWATCH, "schema", "score-event"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == score_event_json_schema()
+    assert json.loads(done.stdout)["title"] == "StepwatchScoreEvent"
