@@ -491,3 +491,107 @@ def test_schema_command_prints_the_score_event_schema() -> None:
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == score_event_json_schema()
     assert json.loads(done.stdout)["title"] == "StepwatchScoreEvent"
+
+
+# -- the corpus scored online with both judge scorers (local judge), out to /metrics and Kafka ------
+
+CORPUS = Path("/work/shared/corpus")
+JUDGED = ("trajectory_steps", "plan_adherence")
+EXTRA = {  # registered plans and outcome-phrased trajectories for a few scenarios
+    "pai_flight_booking_sequential": {
+        "expected_plan": "1. search for flights from SFO to JFK\n2. check seat availability\n3. book the flight",
+        "expected_trajectory": ["search flights", "check seat availability", "book the flight"],
+    },
+    "pai_trip_parallel_tools": {
+        "expected_trajectory": [
+            "check the weather in Paris",
+            "check the weather in Rome",
+            "book a hotel in Rome",
+        ],
+    },
+    "pai_testmodel_structured_output": {"judge": {"sampling_rate": 0.0}},  # sampled out: not_scored
+}
+
+
+def corpus_tasks() -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """Expectations for every corpus scenario (each with both judge scorers) and task key -> scenario."""
+    from stepwatch.evaluator.partitioning import partition_sessions, partition_traces
+    from stepwatch.receiver.otlp_proto import decode_request_bytes
+
+    tasks: dict[str, dict[str, Any]] = {}
+    owner: dict[str, str] = {}
+    for sidecar in sorted(CORPUS.glob("*.expect.json")):
+        name = sidecar.name.removesuffix(".expect.json")
+        meta = json.loads(sidecar.read_text())
+        spans = decode_request_bytes((CORPUS / f"{name}.pb").read_bytes()).spans
+        kind = meta["partition"]
+        doc = {
+            "partition": kind,
+            "expected_steps": meta["expected_steps"],
+            "judge": {"scorers": list(JUDGED)},
+        }
+        doc = _merge(doc, EXTRA.get(name, {}))
+        partitions = partition_sessions(spans) if kind == "session" else partition_traces(spans)
+        keys = {p.task_key for p in partitions}
+        if kind == "session":  # each trace must route into its session: register its own key too
+            keys |= {t.task_key for t in partition_traces(spans)}
+        for key in keys:
+            assert key not in tasks, key
+            tasks[key] = doc
+        owner.update({p.task_key: name for p in partitions})
+    return tasks, owner
+
+
+async def test_corpus_scored_online_with_both_judge_scorers(tmp_path, broker) -> None:
+    tasks, owner = corpus_tasks()
+    memory = InMemoryScoreExporter()
+    config = {
+        "exporters": {"kafka": kafka_section(broker.bootstrap, "scores", tmp_path / "spool")},
+        "buffer": {"session_idle_timeout": 0.6},
+        "judge": {"backend": "local"},
+    }
+    async with running(tmp_path, config, memory=memory) as (service, metrics_port):
+        (tmp_path / "expectations.yaml").write_text(yaml.safe_dump({"tasks": tasks}))
+        await until(lambda: len(service.expectations) == len(tasks), what="expectations reloaded")
+        reader = await TopicReader(broker.bootstrap, "scores").start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc.port}") as channel:
+                for pb in sorted(CORPUS.glob("*.pb")):
+                    await channel.unary_unary(EXPORT)(pb.read_bytes(), timeout=10)
+            await until(lambda: len(memory.events) == len(owner), what="every corpus partition scored")
+            ids = expected_ids(memory.events)
+            await until(lambda: {e.event_id for e in reader.events()} >= ids, what="their events on Kafka")
+            events = validated(reader.records)
+        finally:
+            await reader.stop()
+        samples = await ascrape(metrics_port)
+    judged = {(e.task_key, e.metric): e for e in events if e.metric in JUDGED}
+    assert {key for key, _ in judged} == set(owner)  # both judge scorers ran for every partition
+    by_name = {owner[key]: {m: judged[(key, m)] for m in JUDGED} for key in owner}
+
+    flight = by_name["pai_flight_booking_sequential"]
+    assert flight["trajectory_steps"].score > 0.9 and flight["trajectory_steps"].passed
+    assert flight["trajectory_steps"].label.endswith("% yes")
+    assert flight["plan_adherence"].score == pytest.approx(100.0) and flight["plan_adherence"].passed
+    assert flight["plan_adherence"].details["plan_source"] == "expected_plan"
+    trip = by_name["pai_trip_parallel_tools"]["trajectory_steps"]
+    assert trip.score > 0.8 and trip.passed and len(trip.details["details"]) == 3
+    sampled_out = by_name["pai_testmodel_structured_output"]
+    assert sampled_out["trajectory_steps"].outcome == "not_scored"
+    assert sampled_out["trajectory_steps"].not_scored == "sampled out (judge sampling_rate 0)"
+    # the spec's failure condition comes before any judge question: an error with the reason
+    assert sampled_out["plan_adherence"].error.startswith("no plan steps could be resolved")
+    for name, results in by_name.items():  # the rest: scored, or an error/not_scored with its reason
+        for event in results.values():
+            assert event.score is not None or event.error or event.not_scored, (name, event)
+
+    for metric in JUDGED:
+        assert total(samples, "stepwatch_evaluations_total", metric=metric) == len(owner)
+        for outcome in ("pass", "fail", "error", "not_scored"):
+            want = sum(1 for results in by_name.values() if results[metric].outcome == outcome)
+            assert total(samples, "stepwatch_evaluations_total", metric=metric, outcome=outcome) == want
+    assert total(samples, "stepwatch_evaluations_total", metric="trajectory_steps", outcome="not_scored") == 1
+    assert total(samples, "stepwatch_judge_requests_total", backend="local", outcome="ok") > 0
+    assert total(samples, "stepwatch_judge_skipped_total", reason="sampled_out") == 1
+    assert total(samples, "stepwatch_judge_tokens_total", backend="local") == 0  # local: no tokens, no cost
+    assert total(samples, "stepwatch_judge_cost_usd_total", backend="local") == 0
