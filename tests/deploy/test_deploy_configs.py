@@ -300,5 +300,16 @@ def test_container_config_and_expectations_validate_with_stepwatch(tmp_path: Pat
         assert str(loaded.expectations.file) == "/etc/stepwatch/expectations.yaml"
         # The write-ahead log lives in the data volume (Dockerfile VOLUME, StatefulSet volumeClaimTemplate).
         assert str(loaded.durability.data_dir) == "/var/lib/stepwatch"
+        kafka = loaded.kafka_exporter()  # score events: off in the image, on in compose (below)
+        assert not kafka.enabled and kafka.bootstrap_servers == ["kafka:9092"]
+        assert kafka.topic == "stepwatch.scores" and str(kafka.spool.directory).startswith(
+            "/var/lib/stepwatch/"
+        )
         store = parse_expectations(expectations_text, "expectations.yaml")
         assert set(store.task_keys) == {"refund-order", "support-conversation"}
+    compose = yaml.safe_load(COMPOSE.read_text())
+    environment = compose["services"]["stepwatch"]["environment"]
+    in_compose = load_config(path, environ=environment).kafka_exporter()
+    assert in_compose.enabled and in_compose.bootstrap_servers == ["kafka:9092"]
+    init = " ".join(compose["services"]["kafka-init"]["command"])
+    assert f"--topic={in_compose.topic}" in init  # the topic the stack creates is the one we produce to
