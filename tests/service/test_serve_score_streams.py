@@ -595,3 +595,75 @@ async def test_corpus_scored_online_with_both_judge_scorers(tmp_path, broker) ->
     assert total(samples, "stepwatch_judge_skipped_total", reason="sampled_out") == 1
     assert total(samples, "stepwatch_judge_tokens_total", backend="local") == 0  # local: no tokens, no cost
     assert total(samples, "stepwatch_judge_cost_usd_total", backend="local") == 0
+
+
+# -- a remote (OpenAI-compatible) judge: awaited on the loop, never stalling the rest ---------------
+
+
+@asynccontextmanager
+async def slow_chat_completions(delay: float) -> AsyncIterator[tuple[str, list[float]]]:
+    """A Chat Completions server answering "Yes" with logprobs after `delay` seconds."""
+    from aiohttp import web
+
+    seen: list[float] = []
+
+    async def complete(request: web.Request) -> web.Response:
+        await request.json()
+        seen.append(time.monotonic())
+        await asyncio.sleep(delay)
+        top = [{"token": "Yes", "logprob": -0.05}, {"token": "No", "logprob": -3.0}]
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": "Yes"},
+            "logprobs": {"content": [{"token": "Yes", "logprob": -0.05, "top_logprobs": top}]},
+            "finish_reason": "length",
+        }
+        usage = {"prompt_tokens": 40, "completion_tokens": 1, "total_tokens": 41}
+        return web.json_response(
+            {"id": "x", "object": "chat.completion", "choices": [choice], "usage": usage}
+        )
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", complete)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}/v1", seen
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_slow_remote_judge_never_holds_up_receivers_or_other_partitions(tmp_path) -> None:
+    memory = InMemoryScoreExporter()
+    async with slow_chat_completions(delay=1.5) as (base_url, seen):
+        config = {"judge": {"backend": "openai", "openai": {"base_url": base_url, "price_input_per_1k": 1.0}}}
+        async with running(tmp_path, config, memory=memory) as (service, metrics_port):
+            judged = {"expected_trajectory": ["search for flights", "book the flight"]}
+            (tmp_path / "expectations.yaml").write_text(
+                yaml.safe_dump({"tasks": {TASK: judged, "plain": {"expected_steps": ["search_flights"]}}})
+            )
+            await until(lambda: len(service.expectations) == 2, what="expectations reloaded")
+            slow = os.urandom(16)
+            await send(service.grpc.port, [slow])
+            await until(lambda: seen, what="the judge asked")
+            started = time.monotonic()
+            fast = [os.urandom(16) for _ in range(5)]
+            request = trace_request(fast, task_key="plain")
+            answered = await send(service.grpc.port, request)
+            await until(lambda: len(memory.events) == 5, what="unjudged partitions scored meanwhile")
+            assert time.monotonic() - started < 1.2 and answered < 0.5  # while the judge still thinks
+            assert {e.partition_id for e in memory.events} == {t.hex() for t in fast}
+            await until(lambda: len(memory.events) == 6, 20, "the judged partition")
+            samples = await ascrape(metrics_port)
+        assert service.judge_runner is not None
+        assert getattr(service.judge_runner.judge, "_session", None) is None  # closed on shutdown
+    (event,) = [e for e in memory.events if e.partition_id == slow.hex()]
+    (steps,) = [r for r in event.results if r.metric == "trajectory_steps"]
+    assert steps.score is not None and steps.score > 0.9 and steps.passed
+    assert {r.metric for r in event.results} >= {"trajectory.step_count", "trajectory_steps"}  # one event
+    assert total(samples, "stepwatch_judge_requests_total", backend="openai", outcome="ok") == 3
+    assert total(samples, "stepwatch_judge_tokens_total", backend="openai", direction="input") == 120
+    assert total(samples, "stepwatch_judge_cost_usd_total", backend="openai") == pytest.approx(0.12)
+    assert total(samples, "stepwatch_evaluations_total", metric="trajectory_steps", outcome="pass") == 1
