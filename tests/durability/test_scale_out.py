@@ -124,6 +124,9 @@ def test_three_replicas_one_killed_every_trace_scored(tmp_path: Path) -> None:
                         "0.3",
                         "--log-level",
                         "WARNING",
+                        # --kafka-bootstrap also turns score events on: one spool per replica
+                        "--spool-dir",
+                        str(tmp_path / f"spool-{i}"),
                     ],
                     stdout=subprocess.PIPE,
                     stderr=log,
