@@ -23,6 +23,7 @@ from stepwatch.evaluator.buffer import ROOT_ENDED, Admission, SpanRecord
 from stepwatch.evaluator.model import Span
 
 from .otlp_proto import decode_request_bytes, span_rejection
+from .records import records_request_bytes
 from .wal import WriteAheadLog
 from .wal_format import WalEntry
 
@@ -281,5 +282,8 @@ def records_to_request_bytes(records: Sequence[SpanRecord]) -> bytes:
 
 
 def decode_records(records: Sequence[SpanRecord]) -> list[Span]:
-    """Canonical Spans of buffered records (`seq` = their buffer order), via the OTLP decoder."""
-    return decode_request_bytes(records_to_request_bytes(records)).spans
+    """Canonical Spans of buffered records (`seq` = their buffer order), via the OTLP decoder.
+
+    Re-assembled by `records.records_request_bytes` (byte-identical to `records_to_request_bytes`,
+    one join per origin run instead of a concatenation per span)."""
+    return decode_request_bytes(records_request_bytes(records)).spans

@@ -65,7 +65,12 @@ def selected_attributes(key_values: Any, selection: AttributeSelection) -> dict[
     return out
 
 
-def decode_request_bytes(data: bytes, selection: AttributeSelection | None = None) -> DecodeResult:
+def decode_request_bytes(
+    data: bytes,
+    selection: AttributeSelection | None = None,
+    full: set[int] | None = None,
+    max_attributes: int | None = None,
+) -> DecodeResult:
     """Parse serialized ExportTraceServiceRequest bytes; DecodeError when they do not parse."""
     request = ExportTraceServiceRequest()
     try:
@@ -73,7 +78,7 @@ def decode_request_bytes(data: bytes, selection: AttributeSelection | None = Non
     except ProtobufDecodeError as exc:
         reason = str(exc).rsplit(": ", 1)[-1] or "parse error"
         raise DecodeError(f"not a valid OTLP protobuf ExportTraceServiceRequest ({reason})") from exc
-    return decode_request(request, selection)
+    return decode_request(request, selection, full, max_attributes)
 
 
 def span_rejection(
@@ -95,12 +100,21 @@ def span_rejection(
 
 
 def decode_request(
-    request: ExportTraceServiceRequest, selection: AttributeSelection | None = None
+    request: ExportTraceServiceRequest,
+    selection: AttributeSelection | None = None,
+    full: set[int] | None = None,
+    max_attributes: int | None = None,
 ) -> DecodeResult:
     """Every span of the request, in document order (`seq`), valid ones kept, invalid ones rejected.
 
-    `selection`: convert only these span attributes (resource attributes are always whole).
+    `selection`: convert only these span attributes (resource attributes are always whole), except
+    for the spans whose index is in `full` or that carry more than `max_attributes` attributes:
+    those are converted whole and their index added to `full`, so the caller can apply the
+    per-span limits to exactly what a full decode would have given.
     """
+    if full is None:
+        full = set()
+    most = max_attributes if max_attributes is not None else 1 << 62
     result = DecodeResult()
     spans = result.spans
     rejected = result.rejected
@@ -127,6 +141,14 @@ def decode_request(
                 kind = span.kind
                 status = span.status
                 status_code = status.code
+                key_values = span.attributes
+                if selection is None:
+                    attributes = proto_attributes(key_values)
+                elif index in full or len(key_values) > most:
+                    full.add(index)
+                    attributes = proto_attributes(key_values)
+                else:
+                    attributes = selected_attributes(key_values, selection)
                 append(
                     new_span(
                         {
@@ -139,9 +161,7 @@ def decode_request(
                             "end_time_unix_nano": end or None,
                             "status_code": statuses[status_code] if 0 <= status_code < 3 else "UNSET",
                             "status_message": status.message,
-                            "attributes": proto_attributes(span.attributes)
-                            if selection is None
-                            else selected_attributes(span.attributes, selection),
+                            "attributes": attributes,
                             "resource_attributes": resource_attributes,
                             "scope_name": scope_name,
                             "seq": index,

@@ -70,3 +70,29 @@ def records_request_bytes(records: Sequence[SpanRecord]) -> bytes:
 def decode_records(records: Sequence[SpanRecord], selection: AttributeSelection | None = None) -> list[Span]:
     """Canonical Spans of buffered records (`seq` = their buffer order); `selection`: see module doc."""
     return decode_request_bytes(records_request_bytes(records), selection).spans
+
+
+def decode_records_for_limits(
+    records: Sequence[SpanRecord],
+    selection: AttributeSelection,
+    max_attributes: int,
+    max_value_length: int,
+    max_json_depth: int,
+) -> tuple[list[Span], set[int]]:
+    """(spans, indices decoded whole): `selection` applied only to spans no per-span limit can touch.
+
+    A span is decoded whole when its encoded size could hold a string (or base64 of bytes) longer
+    than `max_value_length`, when it holds more than `max_json_depth` '[' / '{' bytes in all (so
+    no string in it can be nested deeper), or when it has more than `max_attributes` attributes.
+    Every other span gives the same selected values a full decode followed by the limits would, so
+    applying the limits to the whole-decoded spans alone gives today's outcomes and counts.
+    """
+    most_bytes = (max_value_length - 4) * 3 // 4
+    full = {
+        i
+        for i, record in enumerate(records)
+        if len(payload := record[3]) > most_bytes
+        or payload.count(b"[") + payload.count(b"{") > max_json_depth
+    }
+    spans = decode_request_bytes(records_request_bytes(records), selection, full, max_attributes).spans
+    return spans, full

@@ -33,10 +33,13 @@ from stepwatch.evaluator.judge.runner import JudgeRunner
 from stepwatch.evaluator.model import Partition
 from stepwatch.evaluator.partitioning import build_partition
 from stepwatch.evaluator.pipeline import (
+    AttributeSelection,
     build_scoring_input,
     is_async_scorer,
+    reads_span_attributes,
     run_async_scorers,
     run_sync_scorers,
+    scoring_attributes,
 )
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.evaluator.scorers.base import Scorer, ScoringInput
@@ -48,7 +51,7 @@ from stepwatch.exporters.prometheus import BufferGauges, MetricsServer, Promethe
 from stepwatch.exporters.score_streams import ROOT_SPAN_ATTRIBUTE, build_score_streams
 from stepwatch.receiver.grpc_server import OtlpGrpcReceiver
 from stepwatch.receiver.http_server import BadRequest, OtlpHttpReceiver, request_from_json
-from stepwatch.receiver.ingest import Ingestor, decode_records, split_request
+from stepwatch.receiver.ingest import Ingestor, split_request
 from stepwatch.receiver.kafka_ingest import IngestedMessage, KafkaIngest, TopicPartition
 from stepwatch.receiver.wal import WriteAheadLog
 from stepwatch.receiver.wal_format import WalEntry
@@ -76,9 +79,9 @@ from .tenancy import (
     PrivateSink,
     TenantExpectations,
     TenantScope,
+    decode_limited,
     guard,
     guarded_scorers,
-    limit_spans,
     load_bounded_expectations,
     tenant_of,
 )
@@ -272,6 +275,8 @@ class Service:
                 ssl_context=server_ssl_context(sec.metrics_tls).context if sec.metrics_tls.enabled else None,
                 middlewares=[admin_auth_middleware(admin)] if admin.enabled else (),
             )
+        self._scoring_attributes = scoring_attributes(config.partitioning.task_key_attributes)
+        self._selections: dict[int, tuple[ExpectationsStore, AttributeSelection | None]] = {}
         self._executor = ThreadPoolExecutor(config.scoring.workers, thread_name_prefix="stepwatch-score")
         self._inflight: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
@@ -545,13 +550,13 @@ class Service:
         return outputs
 
     def _process(self, closed: ClosedPartition) -> tuple[_Scored | None, list[ClosedPartition]]:
-        spans = limit_spans(decode_records(closed.records), self.limits, self.limit_meter)
         keys = self.config.partitioning.task_key_attributes
         if closed.partition_type == "session":
             tenant, partition_id = self.scope.split_session(closed.partition_id)
         else:
             tenant, partition_id = self.scope.split_trace(closed.partition_id)
         store = self.tenant_expectations.get(tenant)  # this tenant's own, never another's
+        spans = decode_limited(closed.records, self._selection(store), self.limits, self.limit_meter)
         if closed.needs_routing:
             partition = build_partition("trace", partition_id, spans, task_key_attributes=keys)
             expectation = store.get(partition.task_key)
@@ -575,6 +580,25 @@ class Service:
             partition = build_partition("trace", partition_id, spans, task_key_attributes=keys)
             expectation = store.get(partition.task_key)
         return self._score(partition, expectation, closed, store, tenant), []
+
+    def _selection(self, store: ExpectationsStore) -> AttributeSelection | None:
+        """The scoring attributes, when no scorer any of the store's partitions may get reads other
+        span attributes (judge scorers, plan_adherence); else None (decode whole). Cached per store
+        (a reload is a new store)."""
+        cached = self._selections.get(id(store))
+        if cached is not None and cached[0] is store:
+            return cached[1]
+        expectations = [None, *(store.get(key) for key in store.task_keys)]
+        selective = not any(
+            reads_span_attributes(scorer)
+            for expectation in expectations
+            for scorer in self.scorers.scorers_for(expectation)
+        )
+        selection = self._scoring_attributes if selective else None
+        if len(self._selections) > 64:  # stores replaced by reloads
+            self._selections.clear()
+        self._selections[id(store)] = (store, selection)
+        return selection
 
     def _score(
         self,

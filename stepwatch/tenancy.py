@@ -11,15 +11,17 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from stepwatch.evaluator.buffer import SpanRecord
 from stepwatch.evaluator.expectations_store import (
     ExpectationsError,
     ExpectationsStore,
     parse_expectations,
 )
 from stepwatch.evaluator.model import Span
-from stepwatch.evaluator.pipeline import STEP_ACCURACY
+from stepwatch.evaluator.pipeline import STEP_ACCURACY, AttributeSelection
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.evaluator.scorers.base import Scorer, ScoringInput
+from stepwatch.receiver.records import decode_records, decode_records_for_limits
 from stepwatch.security.auth import AuthConfigError
 from stepwatch.security.config import DEFAULT_TENANT_NAME, LimitsConfig, SecurityConfig
 from stepwatch.security.limits import (
@@ -30,6 +32,7 @@ from stepwatch.security.limits import (
     check_expectation,
     check_expected_steps,
     json_depth_exceeds,
+    limit_attributes,
     read_bounded,
     scoring_guard,
 )
@@ -164,6 +167,46 @@ def limit_spans(spans: list[Span], limits: LimitsConfig, meter: LimitMeter) -> l
             for key in deep:
                 attributes[key] = JSON_DEPTH_MARK
             spans[i] = span.model_copy(update={"attributes": attributes})
+    return spans
+
+
+def decode_limited(
+    records: Sequence[SpanRecord],
+    selection: AttributeSelection | None,
+    limits: LimitsConfig,
+    meter: LimitMeter,
+) -> list[Span]:
+    """A closed partition's spans with the per-span limits applied, as `limit_spans(decode_records)`.
+
+    With a `selection` (every scorer of the partition reads only the scoring attributes) the spans
+    no limit can touch are decoded with the selected attributes only; the others are decoded whole
+    and limited exactly as before, so truncations, dropped attributes, JSON-depth marks and their
+    counts are unchanged (tests/security). Resource attributes, always whole, are checked once per
+    distinct resource instead of once per span.
+    """
+    if selection is None:
+        return limit_spans(decode_records(records), limits, meter)
+    spans, full = decode_records_for_limits(
+        records,
+        selection,
+        limits.max_attributes_per_span,
+        limits.max_attribute_value_length,
+        limits.max_json_depth,
+    )
+    resource_ok: dict[int, bool] = {}
+    need: list[int] = []
+    for i, span in enumerate(spans):
+        resource = span.resource_attributes
+        ok = resource_ok.get(id(resource))
+        if ok is None:
+            _, dropped, truncated = limit_attributes(resource, limits)
+            ok = resource_ok[id(resource)] = not dropped and not truncated
+        if not ok or span.seq in full:
+            need.append(i)
+    if need:
+        limited = limit_spans([spans[i] for i in need], limits, meter)
+        for i, span in zip(need, limited, strict=True):
+            spans[i] = span
     return spans
 
 

@@ -235,7 +235,7 @@ def _truncate(value: Any, max_len: int, depth: int = 0) -> tuple[Any, int]:
     return value, 0
 
 
-def _limit_attributes(attributes: dict[str, Any], limits: LimitsConfig) -> tuple[dict[str, Any], int, int]:
+def limit_attributes(attributes: dict[str, Any], limits: LimitsConfig) -> tuple[dict[str, Any], int, int]:
     dropped = max(0, len(attributes) - limits.max_attributes_per_span)
     if dropped:
         attributes = dict(list(attributes.items())[: limits.max_attributes_per_span])
@@ -260,8 +260,8 @@ def apply_span_limits(spans: Sequence[Span], limits: LimitsConfig, meter: LimitM
     kept = list(spans[: limits.max_spans_per_request])
     result = SpanLimitResult(spans=kept, rejected=len(spans) - len(kept))
     for i, span in enumerate(kept):
-        attrs, dropped, truncated = _limit_attributes(span.attributes, limits)
-        res_attrs, res_dropped, res_truncated = _limit_attributes(span.resource_attributes, limits)
+        attrs, dropped, truncated = limit_attributes(span.attributes, limits)
+        res_attrs, res_dropped, res_truncated = limit_attributes(span.resource_attributes, limits)
         if dropped or truncated or res_dropped or res_truncated:
             kept[i] = span.model_copy(update={"attributes": attrs, "resource_attributes": res_attrs})
             result.dropped_attributes += dropped + res_dropped

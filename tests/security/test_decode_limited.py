@@ -1,0 +1,85 @@
+"""The selective close-time decode applies the per-span limits exactly like a full decode.
+
+`decode_limited(records, scoring_attributes(...))` converts only the scoring attributes of spans no
+limit can touch, and decodes the others whole; the selected values, every limit outcome and every
+limit count must equal `limit_spans(decode_records(records))`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES
+from stepwatch.evaluator.pipeline import scoring_attributes
+from stepwatch.receiver.ingest import split_request
+from stepwatch.receiver.records import decode_records
+from stepwatch.security.config import LimitsConfig
+from stepwatch.security.limits import LimitCounters
+from stepwatch.tenancy import decode_limited, limit_spans
+
+LIMITS = LimitsConfig(max_attributes_per_span=6, max_attribute_value_length=64, max_json_depth=3)
+SELECTION = scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES)
+
+
+def _kv(key: str, value: Any) -> KeyValue:
+    if isinstance(value, bytes):
+        return KeyValue(key=key, value=AnyValue(bytes_value=value))
+    if isinstance(value, int):
+        return KeyValue(key=key, value=AnyValue(int_value=value))
+    return KeyValue(key=key, value=AnyValue(string_value=value))
+
+
+def _request(resource_value: str) -> ExportTraceServiceRequest:
+    deep = json.dumps([[[[["x"]]]]])
+    spans: list[dict[str, Any]] = [
+        {"openinference.span.kind": "TOOL", "tool.name": "a", "input.value": '{"q": 1}'},  # untouched
+        {"tool.name": "b", **{f"other.{i}": i for i in range(8)}},  # over the attribute count
+        {"tool.name": "c", "input.value": "y" * 100},  # selected value too long
+        {"tool.name": "d", "llm.input_messages.0.content": "z" * 100},  # other value too long
+        {"tool.name": "e", "output.value": deep},  # selected value too deep
+        {"tool.name": "f", "other.deep": deep},  # other value too deep
+        {"tool.name": "g", "other.bytes": b"\x01" * 60},  # base64 of other bytes too long
+        {"tool.name": "h", "other.short": "[[ {{ ]]"},  # brackets, no deep JSON
+    ]
+    request = ExportTraceServiceRequest()
+    resource_spans = request.resource_spans.add()
+    resource_spans.resource.attributes.append(_kv("service.name", resource_value))
+    scope = resource_spans.scope_spans.add()
+    for i, attributes in enumerate(spans):
+        span = scope.spans.add()
+        span.trace_id = bytes(15) + b"\x01"
+        span.span_id = bytes(7) + bytes([i + 1])
+        if i:
+            span.parent_span_id = bytes(7) + b"\x01"
+        span.name = f"span-{i}"
+        span.start_time_unix_nano = 1 + i
+        span.end_time_unix_nano = 100
+        span.attributes.extend(_kv(k, v) for k, v in attributes.items())
+    return request
+
+
+@pytest.mark.parametrize("resource_value", ["svc", "r" * 100])
+def test_selective_decode_gives_the_full_decode_limits_and_counts(resource_value: str) -> None:
+    records = split_request(_request(resource_value))[0]
+    full_meter, selective_meter = LimitCounters(), LimitCounters()
+    expected = limit_spans(decode_records(records), LIMITS, full_meter)
+    got = decode_limited(records, SELECTION, LIMITS, selective_meter)
+    assert selective_meter.counts == full_meter.counts
+    assert full_meter.counts  # the cases above do hit every limit
+    for want, have in zip(expected, got, strict=True):
+        selected = {k: v for k, v in want.attributes.items() if k in SELECTION}
+        assert {k: v for k, v in have.attributes.items() if k in SELECTION} == selected
+        assert have.resource_attributes == want.resource_attributes
+        assert have.model_dump(exclude={"attributes"}) == want.model_dump(exclude={"attributes"})
+
+
+def test_without_a_selection_it_is_the_full_decode() -> None:
+    records = split_request(_request("svc"))[0]
+    a, b = LimitCounters(), LimitCounters()
+    assert decode_limited(records, None, LIMITS, a) == limit_spans(decode_records(records), LIMITS, b)
+    assert a.counts == b.counts
