@@ -17,12 +17,12 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES
 from stepwatch.evaluator.pipeline import scoring_attributes
 from stepwatch.receiver.ingest import split_request
-from stepwatch.receiver.records import decode_records
+from stepwatch.receiver.records import decode_records, decode_records_for_limits
 from stepwatch.security.config import LimitsConfig
 from stepwatch.security.limits import LimitCounters
 from stepwatch.tenancy import decode_limited, limit_spans
 
-LIMITS = LimitsConfig(max_attributes_per_span=6, max_attribute_value_length=64, max_json_depth=3)
+LIMITS = LimitsConfig(max_attributes_per_span=6, max_attribute_value_length=600, max_json_depth=3)
 SELECTION = scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES)
 
 
@@ -39,12 +39,13 @@ def _request(resource_value: str) -> ExportTraceServiceRequest:
     spans: list[dict[str, Any]] = [
         {"openinference.span.kind": "TOOL", "tool.name": "a", "input.value": '{"q": 1}'},  # untouched
         {"tool.name": "b", **{f"other.{i}": i for i in range(8)}},  # over the attribute count
-        {"tool.name": "c", "input.value": "y" * 100},  # selected value too long
-        {"tool.name": "d", "llm.input_messages.0.content": "z" * 100},  # other value too long
+        {"tool.name": "c", "input.value": "y" * 700},  # selected value too long
+        {"tool.name": "d", "llm.input_messages.0.content": "z" * 700},  # other value too long
         {"tool.name": "e", "output.value": deep},  # selected value too deep
         {"tool.name": "f", "other.deep": deep},  # other value too deep
-        {"tool.name": "g", "other.bytes": b"\x01" * 60},  # base64 of other bytes too long
+        {"tool.name": "g", "other.bytes": b"\x01" * 500},  # base64 of other bytes too long
         {"tool.name": "h", "other.short": "[[ {{ ]]"},  # brackets, no deep JSON
+        {"tool.name": "i", "other.text": "x" * 300, "output.value": "[1]"},  # untouched
     ]
     request = ExportTraceServiceRequest()
     resource_spans = request.resource_spans.add()
@@ -63,14 +64,16 @@ def _request(resource_value: str) -> ExportTraceServiceRequest:
     return request
 
 
-@pytest.mark.parametrize("resource_value", ["svc", "r" * 100])
+@pytest.mark.parametrize("resource_value", ["svc", "r" * 700])
 def test_selective_decode_gives_the_full_decode_limits_and_counts(resource_value: str) -> None:
     records = split_request(_request(resource_value))[0]
     full_meter, selective_meter = LimitCounters(), LimitCounters()
     expected = limit_spans(decode_records(records), LIMITS, full_meter)
     got = decode_limited(records, SELECTION, LIMITS, selective_meter)
     assert selective_meter.counts == full_meter.counts
-    assert full_meter.counts  # the cases above do hit every limit
+    assert set(full_meter.counts) == {"attributes_per_span", "attribute_value_length", "json_depth"}
+    whole = decode_records_for_limits(records, SELECTION, 6, 600, 3)[1]
+    assert {0, 8} <= set(range(len(records))) - whole  # the untouched spans took the selective path
     for want, have in zip(expected, got, strict=True):
         selected = {k: v for k, v in want.attributes.items() if k in SELECTION}
         assert {k: v for k, v in have.attributes.items() if k in SELECTION} == selected
