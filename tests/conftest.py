@@ -6,3 +6,16 @@ from pathlib import Path
 _TESTS = str(Path(__file__).resolve().parent)
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _private_stepwatch_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's `stepwatch serve` subprocesses keep their state (WAL, spool) in a private directory.
+
+    A zero-config serve uses ./stepwatch-data; without this, serve processes of different tests would
+    replay each other's write-ahead log. Explicit --data-dir flags still win over the environment.
+    """
+    monkeypatch.setenv("STEPWATCH_DURABILITY__DATA_DIR", str(tmp_path_factory.mktemp("stepwatch-state")))

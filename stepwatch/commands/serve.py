@@ -93,6 +93,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="logging level")
 
 
+EMBEDDED_DATA_DIR = "stepwatch-data"
+"""Where `stepwatch serve` keeps state when no data directory is configured (relative to the cwd)."""
+
+
 def flag_overrides(args: argparse.Namespace) -> dict[str, tuple[object, str]]:
     """Flags as config keys (with the flag name, for error messages); unset flags are None."""
     return {
@@ -167,6 +171,11 @@ def run(args: argparse.Namespace) -> int:
         config = load_config(Path(args.config) if args.config else None, flags=flag_overrides(args))
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
+    if config.durability.data_dir is None:
+        # The embedded default keeps its state (write-ahead log, Kafka spool) in a local directory,
+        # so a restart of a zero-config `stepwatch serve` loses no accepted span either.
+        durability = config.durability.model_copy(update={"data_dir": Path(EMBEDDED_DATA_DIR)})
+        config = config.model_copy(update={"durability": durability})
     logging.basicConfig(level=config.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:  # in case a library logs an Authorization header
         handler.addFilter(SecretsLogFilter())

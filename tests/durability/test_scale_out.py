@@ -114,6 +114,7 @@ def test_three_replicas_one_killed_every_trace_scored(tmp_path: Path) -> None:
                         TOPIC,
                         "--kafka-ingest-group",
                         GROUP,
+                        "--no-wal",  # with Kafka ingest, Kafka itself is the log
                         "--grpc-endpoint",
                         "127.0.0.1:0",
                         "--http-endpoint",

@@ -406,6 +406,7 @@ def start_serve(tmp_path: Path, bootstrap: str, spool: Path, ports: tuple[int, i
         "--metrics-endpoint", f"127.0.0.1:{metrics_port}", "--expectations", str(expectations),
         "--trace-idle-timeout", "0.2", "--kafka-bootstrap", bootstrap, "--kafka-topic", "scores",
         "--spool-dir", str(spool),
+        "--no-wal",  # the spool is under test; a WAL replay after SIGKILL would re-score (same event ids)
     ]  # fmt: skip
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 20
