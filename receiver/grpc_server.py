@@ -5,8 +5,9 @@
   without RetryInfo, so clients do not retry it;
 - spans invalid on their own: OK with partial_success (rejected_spans, error_message), the valid
   spans of the request are kept;
-- buffer full: RESOURCE_EXHAUSTED *with* google.rpc.RetryInfo (retryable per OTLP), nothing taken;
-- shutting down: UNAVAILABLE with RetryInfo.
+- buffer or write-ahead log full: RESOURCE_EXHAUSTED *with* google.rpc.RetryInfo (retryable per
+  OTLP), nothing taken; the message names which bound (receiver/outcome.py);
+- shutting down, or the write-ahead log write failed: UNAVAILABLE with RetryInfo.
 RetryInfo travels both in `grpc-status-details-bin` (google.rpc.Status details) and in the
 `google.rpc.retryinfo-bin` trailer that the OpenTelemetry Python exporter reads.
 """
@@ -19,16 +20,16 @@ from collections.abc import Callable, Sequence
 import grpc
 from google.protobuf import any_pb2, duration_pb2
 from google.protobuf.message import DecodeError
-from google.rpc import code_pb2, error_details_pb2, status_pb2
+from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
 )
 
 from stepwatch.evaluator.accounting import SpanAccounting
 
-from .ingest import IngestResult, SpanSink
+from .ingest import SpanSink
+from .outcome import ingest
 
 log = logging.getLogger(__name__)
 
@@ -123,42 +124,18 @@ class OtlpGrpcReceiver:
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"request is not a valid OTLP ExportTraceServiceRequest ({exc})",
             )
-        if self._tenant is None:
-            result = self._sink.consume(request, PROTOCOL)
-        else:
-            result = self._sink.consume(request, PROTOCOL, self._tenant())
-        if result.durable is not None:
-            try:
-                await result.durable
-            except OSError as exc:
-                message = f"write-ahead log write failed ({exc.strerror or exc}); retry"
-                await context.abort(
-                    grpc.StatusCode.UNAVAILABLE,
-                    message,
-                    trailing_metadata=retry_trailers(code_pb2.UNAVAILABLE, message, 1.0),
-                )
-        return await self._answer(result, context)
-
-    async def _answer(self, result: IngestResult, context: grpc.aio.ServicerContext) -> bytes:
-        if result.unavailable:
-            message = "the service is shutting down; retry on another instance"
+        tenant = self._tenant() if self._tenant is not None else None
+        outcome = await ingest(self._sink, self._accounting, request, PROTOCOL, tenant)
+        if outcome.retry_after is not None:
+            code = grpc.StatusCode.UNAVAILABLE if outcome.unavailable else grpc.StatusCode.RESOURCE_EXHAUSTED
+            message = f"{outcome.message}; retry after the delay in RetryInfo"
             await context.abort(
-                grpc.StatusCode.UNAVAILABLE,
+                code,
                 message,
-                trailing_metadata=retry_trailers(code_pb2.UNAVAILABLE, message, 1.0),
+                trailing_metadata=retry_trailers(code.value[0], message, outcome.retry_after),
             )
-        if result.retry_after is not None:
-            message = "span buffer is full (buffer.max_buffered_spans); retry after the delay in RetryInfo"
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                message,
-                trailing_metadata=retry_trailers(code_pb2.RESOURCE_EXHAUSTED, message, result.retry_after),
-            )
-        response = ExportTraceServiceResponse()
-        if result.rejected or result.error_message:
-            response.partial_success.rejected_spans = result.rejected
-            response.partial_success.error_message = result.error_message
-        return response.SerializeToString()
+        assert outcome.response is not None
+        return outcome.response.SerializeToString()
 
     async def shutdown(self, grace: float = 5.0) -> None:
         """Stop accepting calls, let calls in flight finish (up to `grace` seconds)."""

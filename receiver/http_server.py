@@ -3,8 +3,9 @@
 Responses follow the OTLP specification and use the request's Content-Type: 200 with an
 ExportTraceServiceResponse (partial_success when spans were rejected), 400 with a google.rpc.Status
 for bad data, 413 over `max_body_bytes` (checked on the wire and again while decompressing),
-415 for an unsupported Content-Type or Content-Encoding, 429 + Retry-After when the buffer is full,
-503 + Retry-After while shutting down.
+415 for an unsupported Content-Type or Content-Encoding, 429 + Retry-After when the buffer or the
+write-ahead log is full (the message names which; receiver/outcome.py), 503 + Retry-After while
+shutting down or when a write-ahead log write failed.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ from google.protobuf.message import DecodeError, Message
 from google.rpc import code_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
 )
 
 from stepwatch.evaluator.accounting import SpanAccounting
 
 from .ingest import SpanSink
+from .outcome import ingest
 
 PROTOCOL = "http"
 PROTOBUF = "application/x-protobuf"
@@ -195,26 +196,16 @@ class OtlpHttpReceiver:
         except BadRequest as exc:
             self._accounting.requests_rejected["decode"] += 1
             return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), media)
-        if self._tenant is None:
-            result = self._sink.consume(otlp, PROTOCOL)
-        else:
-            result = self._sink.consume(otlp, PROTOCOL, self._tenant(request))
-        if result.durable is not None:
-            try:
-                await result.durable
-            except OSError as exc:
-                message = f"write-ahead log write failed ({exc.strerror or exc}); retry"
-                return _status(503, code_pb2.UNAVAILABLE, message, media, retry_after=1.0)
-        if result.unavailable:
-            return _status(503, code_pb2.UNAVAILABLE, "the service is shutting down", media, retry_after=1.0)
-        if result.retry_after is not None:
-            message = "span buffer is full (buffer.max_buffered_spans); retry after Retry-After seconds"
-            return _status(429, code_pb2.RESOURCE_EXHAUSTED, message, media, retry_after=result.retry_after)
-        response = ExportTraceServiceResponse()
-        if result.rejected or result.error_message:
-            response.partial_success.rejected_spans = result.rejected
-            response.partial_success.error_message = result.error_message
-        return _message(200, response, media)
+        tenant = self._tenant(request) if self._tenant is not None else None
+        outcome = await ingest(self._sink, self._accounting, otlp, PROTOCOL, tenant)
+        if outcome.retry_after is not None:
+            status, code = (
+                (503, code_pb2.UNAVAILABLE) if outcome.unavailable else (429, code_pb2.RESOURCE_EXHAUSTED)
+            )
+            message = f"{outcome.message}; retry after Retry-After seconds"
+            return _status(status, code, message, media, retry_after=outcome.retry_after)
+        assert outcome.response is not None
+        return _message(200, outcome.response, media)
 
     async def count_spans(self, request: web.Request) -> int:
         """Spans in a request refused before decoding (e.g. no valid token), for accounting.

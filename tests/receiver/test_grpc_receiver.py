@@ -11,34 +11,22 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+from receiver_rig import IngestRig, corpus_bytes, spans_in
 
-from stepwatch.evaluator.accounting import SpanAccounting
-from stepwatch.evaluator.buffer import BufferLimits, PartitionBuffer
-from stepwatch.evaluator.clock import ManualClock
 from stepwatch.receiver.grpc_server import OtlpGrpcReceiver
-from stepwatch.receiver.ingest import Ingestor
 
 pytestmark = pytest.mark.slow
 
-CORPUS = Path("/work/shared/corpus")
 METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
 
 def corpus_request(name: str = "pai_trip_parallel_tools") -> ExportTraceServiceRequest:
-    return ExportTraceServiceRequest.FromString((CORPUS / f"{name}.pb").read_bytes())
+    return ExportTraceServiceRequest.FromString(corpus_bytes(name))
 
 
-def spans_in(request: ExportTraceServiceRequest) -> int:
-    return sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
-
-
-class Rig:
-    def __init__(self, **limits: int) -> None:
-        self.accounting = SpanAccounting()
-        self.buffer = PartitionBuffer(BufferLimits(**limits), self.accounting, ManualClock().monotonic)
-        self.ingestor = Ingestor(self.buffer, self.accounting, retry_after=2.5)
-
+class Rig(IngestRig):
     async def __aenter__(self) -> Rig:
+        await self.start_ingest()
         self.receiver = OtlpGrpcReceiver(
             self.ingestor, self.accounting, "127.0.0.1", 0, max_recv_message_bytes=64 * 1024
         )
@@ -50,6 +38,7 @@ class Rig:
     async def __aexit__(self, *exc: object) -> None:
         await self.channel.close()
         await self.receiver.shutdown(grace=0.5)
+        await self.stop_ingest()
 
     async def send(self, data: bytes, **kwargs: object) -> ExportTraceServiceResponse:
         return ExportTraceServiceResponse.FromString(await self.export(data, timeout=10, **kwargs))
@@ -121,6 +110,25 @@ async def test_full_buffer_answers_resource_exhausted_with_retry_info_and_keeps_
     assert status.details[0].Is(error_details_pb2.RetryInfo.DESCRIPTOR)
     assert rig.buffer.buffered_spans == spans_in(first)
     assert rig.accounting.rejected["buffer_full"] == spans_in(second)
+    assert info.value.details().startswith("span buffer is full (buffer.max_buffered_spans)")
+
+
+async def test_full_write_ahead_log_answers_resource_exhausted_naming_the_log(tmp_path: Path) -> None:
+    request = corpus_request()
+    async with Rig(wal_dir=tmp_path) as rig:
+        await rig.send(request.SerializeToString())  # room: logged and buffered
+        await rig.fill_wal()
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await rig.send(corpus_request("pai_flight_booking_sequential").SerializeToString())
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert info.value.details().startswith("write-ahead log is full (durability.max_bytes)")
+    assert "span buffer" not in info.value.details()
+    retry = error_details_pb2.RetryInfo.FromString(
+        dict(info.value.trailing_metadata())["google.rpc.retryinfo-bin"]
+    )
+    assert (retry.retry_delay.seconds, retry.retry_delay.nanos) == (2, 500_000_000)
+    assert rig.buffer.buffered_spans == spans_in(request)
+    assert rig.accounting.rejected == {"wal_full": spans_in(corpus_bytes("pai_flight_booking_sequential"))}
 
 
 async def test_empty_request_is_a_full_success() -> None:

@@ -8,42 +8,29 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from google.protobuf.json_format import MessageToJson
 from google.rpc import code_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+from receiver_rig import CORPUS, IngestRig, corpus_bytes, spans_in
 
-from stepwatch.evaluator.accounting import SpanAccounting
-from stepwatch.evaluator.buffer import BufferLimits, PartitionBuffer
-from stepwatch.evaluator.clock import ManualClock
 from stepwatch.receiver.http_server import OtlpHttpReceiver
-from stepwatch.receiver.ingest import Ingestor
 
 pytestmark = pytest.mark.slow
 
-CORPUS = Path("/work/shared/corpus")
 PB = {"Content-Type": "application/x-protobuf"}
 JS = {"Content-Type": "application/json"}
 CAP = 64 * 1024
 
 
-def corpus_pb(name: str = "pai_trip_parallel_tools") -> bytes:
-    return (CORPUS / f"{name}.pb").read_bytes()
+corpus_pb = corpus_bytes
 
 
-def spans_in(data: bytes) -> int:
-    request = ExportTraceServiceRequest.FromString(data)
-    return sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
-
-
-class Rig:
-    def __init__(self, **limits: int) -> None:
-        self.accounting = SpanAccounting()
-        self.buffer = PartitionBuffer(BufferLimits(**limits), self.accounting, ManualClock().monotonic)
-        self.ingestor = Ingestor(self.buffer, self.accounting, retry_after=2.5)
-
+class Rig(IngestRig):
     async def __aenter__(self) -> Rig:
+        await self.start_ingest()
         self.receiver = OtlpHttpReceiver(self.ingestor, self.accounting, "127.0.0.1", 0, max_body_bytes=CAP)
         await self.receiver.start()
         self.session = aiohttp.ClientSession(auto_decompress=False)
@@ -53,6 +40,7 @@ class Rig:
     async def __aexit__(self, *exc: object) -> None:
         await self.session.close()
         await self.receiver.shutdown()
+        await self.stop_ingest()
 
     async def post(self, body: bytes, headers: dict[str, str]) -> tuple[int, str, bytes, dict[str, str]]:
         async with self.session.post(self.url, data=body, headers=headers) as response:
@@ -152,5 +140,27 @@ async def test_full_buffer_is_429_with_retry_after_and_accepted_spans_stay() -> 
         assert (await rig.post(first, PB))[0] == 200
         status, _, body, headers = await rig.post(corpus_pb("pai_flight_booking_sequential"), PB)
     assert status == 429 and headers["Retry-After"] == "3"
-    assert status_pb2.Status.FromString(body).code == code_pb2.RESOURCE_EXHAUSTED
+    refusal = status_pb2.Status.FromString(body)
+    assert refusal.code == code_pb2.RESOURCE_EXHAUSTED
+    assert refusal.message.startswith("span buffer is full (buffer.max_buffered_spans)")
     assert rig.buffer.buffered_spans == spans_in(first)
+
+
+async def test_full_write_ahead_log_is_429_naming_the_log_in_the_request_media_type(tmp_path: Path) -> None:
+    first, second = corpus_pb(), corpus_pb("pai_flight_booking_sequential")
+    async with Rig(wal_dir=tmp_path) as rig:
+        assert (await rig.post(first, PB))[0] == 200
+        await rig.fill_wal()
+        status, media, body, headers = await rig.post(second, PB)
+        json_status, json_media, json_body, _ = await rig.post(
+            MessageToJson(ExportTraceServiceRequest.FromString(second)).encode(), JS
+        )
+    assert (status, media, headers["Retry-After"]) == (429, PB["Content-Type"], "3")
+    refusal = status_pb2.Status.FromString(body)
+    assert refusal.code == code_pb2.RESOURCE_EXHAUSTED
+    assert refusal.message.startswith("write-ahead log is full (durability.max_bytes)")
+    assert "span buffer" not in refusal.message
+    assert (json_status, json_media) == (429, JS["Content-Type"])
+    assert json.loads(json_body)["message"] == refusal.message
+    assert rig.buffer.buffered_spans == spans_in(first)
+    assert rig.accounting.rejected == {"wal_full": 2 * spans_in(second)}

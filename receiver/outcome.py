@@ -1,0 +1,64 @@
+"""What both OTLP receivers answer for one decoded request, decided once; gRPC and HTTP only map it
+to their own status (RESOURCE_EXHAUSTED/429, UNAVAILABLE/503, OK/200), so the two cannot drift."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from stepwatch.evaluator.accounting import SpanAccounting
+
+from .ingest import SpanSink
+
+SHUTTING_DOWN = "the service is shutting down"
+BUFFER_FULL = "span buffer is full (buffer.max_buffered_spans)"
+WAL_FULL = "write-ahead log is full (durability.max_bytes); it frees space as buffered partitions are scored"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One request's answer: `unavailable` -> UNAVAILABLE/503 (nothing acknowledged); else
+    `retry_after` set -> RESOURCE_EXHAUSTED/429 (nothing taken); else `response` -> OK/200. Both
+    refusals carry `retry_after` as RetryInfo / Retry-After, so clients retry them."""
+
+    message: str = ""
+    retry_after: float | None = None
+    unavailable: bool = False
+    response: ExportTraceServiceResponse | None = None
+
+
+async def ingest(
+    sink: SpanSink,
+    accounting: SpanAccounting,
+    request: ExportTraceServiceRequest,
+    protocol: str,
+    tenant: str | None = None,
+) -> Outcome:
+    """Hand `request` to the sink, wait for its write-ahead log record, and decide the answer.
+
+    Messages name the cause only; each receiver appends how its protocol says when to retry.
+    IngestResult does not say *which* bound refused a request; the `wal_full` rejection counter the
+    sink bumps does. consume() is synchronous, so reading that counter around it is exact."""
+    rejected = accounting.rejected
+    wal_full_before = rejected["wal_full"]
+    result = sink.consume(request, protocol) if tenant is None else sink.consume(request, protocol, tenant)
+    if result.durable is not None:
+        try:
+            await result.durable
+        except OSError as exc:
+            message = f"write-ahead log write failed ({exc.strerror or exc})"
+            return Outcome(message, retry_after=1.0, unavailable=True)
+    if result.unavailable:
+        return Outcome(SHUTTING_DOWN, retry_after=1.0, unavailable=True)
+    if result.retry_after is not None:
+        message = WAL_FULL if rejected["wal_full"] > wal_full_before else BUFFER_FULL
+        return Outcome(message, retry_after=result.retry_after)
+    response = ExportTraceServiceResponse()
+    if result.rejected or result.error_message:
+        response.partial_success.rejected_spans = result.rejected
+        response.partial_success.error_message = result.error_message
+    return Outcome(response=response)
