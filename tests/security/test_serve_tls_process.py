@@ -4,87 +4,54 @@ the OpenTelemetry SDK's OTLP gRPC and HTTP exporters as clients and certificates
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
+import base64
+import ssl
 import subprocess
-import sys
-import time
-import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 from opentelemetry.sdk.trace.export import SpanExportResult
+from serve_helpers import (
+    STEPWATCH,
+    ServeProcess,
+    http_get,
+    metrics_text,
+    metrics_url,
+    scrape,
+    serve_env,
+    start_serve,
+    total,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_ca_bundle_env")]
 
-STEPWATCH = shutil.which("stepwatch", path=str(Path(sys.executable).parent)) or "stepwatch"
 TOKEN = "serve-token-3f9c0b7e5d1a"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def metrics_text(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        return response.read().decode()
+METRICS_TOKEN = "metrics-token-8e21d4c0"
 
 
 def rejected_auth(port: int) -> float:
-    for line in metrics_text(port).splitlines():
-        if line.startswith('stepwatch_spans_rejected_total{reason="auth"}'):
-            return float(line.split()[-1])
-    return 0.0
-
-
-class Serve:
-    def __init__(self, proc: subprocess.Popen[str], grpc_port: int, http_port: int, metrics_port: int):
-        self.proc, self.grpc, self.http, self.metrics = proc, grpc_port, http_port, metrics_port
+    return total(scrape(port), "stepwatch_spans_rejected_total", reason="auth")
 
 
 @pytest.fixture
-def serve(tmp_path: Path) -> Iterator:
-    procs: list[subprocess.Popen[str]] = []
+def serve() -> Iterator[Callable[..., ServeProcess]]:
+    """Starts `stepwatch serve` configured only by the given flags; every process stopped at the end."""
+    started: list[ServeProcess] = []
 
-    def start(*flags: str) -> Serve:
-        ports = [free_port() for _ in range(3)]
-        argv = [
-            STEPWATCH, "serve",
-            "--grpc-endpoint", f"127.0.0.1:{ports[0]}",
-            "--http-endpoint", f"127.0.0.1:{ports[1]}",
-            "--metrics-endpoint", f"127.0.0.1:{ports[2]}",
-            "--trace-idle-timeout", "0.2",
-            *flags,
-        ]  # fmt: skip
-        env = {k: v for k, v in os.environ.items() if not k.startswith("STEPWATCH_")}
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        procs.append(proc)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise AssertionError(f"serve exited {proc.returncode}: {proc.stderr.read()}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{ports[2]}/readyz", timeout=1) as r:
-                    if r.status == 200:
-                        return Serve(proc, *ports)
-            except OSError:
-                time.sleep(0.1)
-        raise AssertionError("serve did not become ready")
+    def start(*flags: str, context: ssl.SSLContext | None = None) -> ServeProcess:
+        process = start_serve(
+            "--trace-idle-timeout", "0.2", *flags, env=serve_env(clean=True), context=context
+        )
+        started.append(process)
+        return process
 
     yield start
-    for proc in procs:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    for process in started:
+        process.stop(timeout=15)
 
 
 def grpc_export(port: int, spans, ca: Path, client=None, token: str | None = TOKEN) -> SpanExportResult:
@@ -168,7 +135,7 @@ def test_mtls_serve_needs_a_client_certificate_from_its_ca(serve, pki, make_span
 def test_bad_tls_or_token_files_stop_serve_with_exit_2(pki, tmp_path) -> None:
     tokens = tmp_path / "tokens.yaml"
     tokens.write_text("team-a: secret-not-a-list\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPWATCH_")}
+    env = serve_env(clean=True)
     for flags, message in (
         (["--tls-cert", str(pki.server.cert), "--tls-key", str(pki.client.key)], "tls: cannot load"),
         (["--tls-cert", str(pki.server.cert)], "cert_file and key_file must be set together"),
@@ -182,3 +149,50 @@ def test_bad_tls_or_token_files_stop_serve_with_exit_2(pki, tmp_path) -> None:
         assert done.returncode == 2, done.stderr
         assert message in done.stderr
         assert "secret-not-a-list" not in done.stderr
+
+
+def test_metrics_port_over_tls_needs_an_admin_credential_and_probes_stay_open(serve, pki, tmp_path) -> None:
+    """security.metrics_tls + security.metrics_auth in a real serve: /metrics answers 401 without a
+    metrics token or basic-auth user (a sender token is not one), /healthz and /readyz stay open."""
+    senders, admins, users = (
+        tmp_path / "senders.yaml",
+        tmp_path / "metrics-tokens.yaml",
+        tmp_path / "users.yaml",
+    )
+    senders.write_text(f"- {TOKEN}\n")
+    admins.write_text(f"- {METRICS_TOKEN}\n")
+    users.write_text("prometheus: scrape-pw\n")
+    config = tmp_path / "stepwatch.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "security": {
+                    "metrics_tls": {"cert_file": str(pki.server.cert), "key_file": str(pki.server.key)},
+                    "auth": {"tokens_file": str(senders)},
+                    "metrics_auth": {"tokens_file": str(admins), "basic": {"users_file": str(users)}},
+                }
+            }
+        )
+    )
+    context = ssl.create_default_context(cafile=str(pki.ca.path))
+    s = serve("--config", str(config), context=context)  # became ready: /readyz over TLS, no credential
+    basic = base64.b64encode(b"prometheus:scrape-pw").decode()
+    wrong_basic = base64.b64encode(b"prometheus:nope").decode()
+
+    def get(path: str, authorization: str | None = None) -> int:
+        headers = {"Authorization": authorization} if authorization else None
+        return http_get(metrics_url(s.metrics, path, context), context=context, headers=headers)[0]
+
+    assert get("/healthz") == 200 and get("/readyz") == 200
+    assert get("/metrics") == 401
+    for refused in (f"Bearer {TOKEN}", "Bearer wrong", f"Basic {wrong_basic}"):
+        assert get("/metrics", refused) == 401, refused
+    for authorization in (f"Bearer {METRICS_TOKEN}", f"Basic {basic}"):
+        text = metrics_text(s.metrics, context=context, headers={"Authorization": authorization})
+        assert "stepwatch_spans_received_total" in text and METRICS_TOKEN not in text
+    with pytest.raises(OSError):  # plaintext to the TLS port is not answered
+        http_get(f"http://127.0.0.1:{s.metrics}/healthz", timeout=2)
+    # the client must trust the server's CA
+    rogue = ssl.create_default_context(cafile=str(pki.rogue_ca.path))
+    with pytest.raises(OSError, match="CERTIFICATE_VERIFY_FAILED"):
+        http_get(metrics_url(s.metrics, "/healthz", rogue), context=rogue, headers=None)

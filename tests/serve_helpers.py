@@ -1,0 +1,166 @@
+"""Helpers for tests that run `stepwatch serve` as a real process and talk to its ports: free ports,
+start-up until /readyz answers, scraping /metrics (optionally over TLS with credentials), stopping.
+
+Kept in one place so every such test starts serve the same way, in particular with the private
+state directory tests/conftest.py gives each test (a cleaned environment must keep it)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+STEPWATCH = str(Path(sys.executable).parent / "stepwatch")
+DATA_DIR_ENV = "STEPWATCH_DURABILITY__DATA_DIR"
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def serve_env(*, clean: bool = False, **overrides: str) -> dict[str, str]:
+    """The environment for a serve process. `clean` drops the caller's STEPWATCH_* settings (so only
+    the test's flags and files configure it) but keeps the per-test data directory."""
+    env = dict(os.environ)
+    if clean:
+        env = {k: v for k, v in env.items() if not k.startswith("STEPWATCH_") or k == DATA_DIR_ENV}
+    return {**env, **overrides}
+
+
+def http_get(
+    url: str,
+    *,
+    context: ssl.SSLContext | None = None,
+    headers: Mapping[str, str] | None = None,
+    timeout: float = 5.0,
+) -> tuple[int, str]:
+    """(status, body) of a GET; HTTP error statuses are returned, not raised."""
+    request = urllib.request.Request(url, headers=dict(headers or {}))
+    try:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, exc.read().decode(errors="replace")
+
+
+def metrics_url(port: int, path: str, context: ssl.SSLContext | None = None) -> str:
+    host = "localhost" if context is not None else "127.0.0.1"  # certificates name localhost
+    return f"{'https' if context is not None else 'http'}://{host}:{port}{path}"
+
+
+def wait_ready(
+    metrics_port: int,
+    proc: subprocess.Popen[str],
+    timeout: float = 20.0,
+    *,
+    context: ssl.SSLContext | None = None,
+) -> None:
+    """Poll /readyz until 200; fail with serve's stderr if the process exits first."""
+    url = metrics_url(metrics_port, "/readyz", context)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"stepwatch serve exited {proc.returncode}: {proc.communicate()[1]}")
+        try:
+            if http_get(url, context=context, timeout=1)[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"stepwatch serve did not become ready within {timeout}s")
+
+
+def metrics_text(
+    port: int, *, context: ssl.SSLContext | None = None, headers: Mapping[str, str] | None = None
+) -> str:
+    status, body = http_get(metrics_url(port, "/metrics", context), context=context, headers=headers)
+    assert status == 200, f"/metrics answered {status}: {body}"
+    return body
+
+
+def parse_samples(text: str) -> Samples:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def scrape(port: int, **kwargs: object) -> Samples:
+    """Every sample on /metrics, keyed by (name, labels); kwargs as for metrics_text."""
+    return parse_samples(metrics_text(port, **kwargs))  # type: ignore[arg-type]
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` whose labels include `labels` (0 when there are none)."""
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
+
+
+class ServeProcess:
+    """A running `stepwatch serve` and the ports it listens on."""
+
+    def __init__(self, proc: subprocess.Popen[str], grpc: int, http: int, metrics: int) -> None:
+        self.proc, self.grpc, self.http, self.metrics = proc, grpc, http, metrics
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout: float = 30.0) -> tuple[int, str]:
+        """Send `sig`, wait for exit (kill after `timeout`); (exit code, stderr)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            _, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+        return self.proc.returncode, err or ""
+
+
+def start_serve(
+    *flags: str,
+    env: Mapping[str, str] | None = None,
+    ports: tuple[int, int, int] | None = None,
+    context: ssl.SSLContext | None = None,
+    timeout: float = 20.0,
+) -> ServeProcess:
+    """`stepwatch serve` on (grpc, http, metrics) ports (free ones by default), ready to take spans.
+
+    `context` is the client TLS context for a metrics port behind TLS. stderr is piped (read it
+    with ServeProcess.stop); stdout is discarded."""
+    grpc, http, metrics = ports or (free_port(), free_port(), free_port())
+    argv = [
+        STEPWATCH, "serve",
+        "--grpc-endpoint", f"127.0.0.1:{grpc}",
+        "--http-endpoint", f"127.0.0.1:{http}",
+        "--metrics-endpoint", f"127.0.0.1:{metrics}",
+        *flags,
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        argv,
+        env=dict(env) if env is not None else serve_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_ready(metrics, proc, timeout, context=context)
+    except BaseException:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        raise
+    return ServeProcess(proc, grpc, http, metrics)
