@@ -4,12 +4,14 @@ endpoint serving /metrics, /healthz and /readyz. Names are the contract in docs/
 Everything lives in this exporter's own CollectorRegistry (no global state). Span accounting is
 read from plain counters at scrape time, so ingest never touches a metric object per span.
 `task_key` label values are bounded: unregistered keys, and registered keys beyond
-`max_task_keys`, share the value `unregistered`.
+`max_task_keys`, share the value `unregistered`. A key removed from the expectations by a reload
+loses its score series and frees its label slot (docs/metrics.md, "Task keys and reloads").
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -149,6 +151,9 @@ class PrometheusExporter:
         self._clock = clock
         self._tenant_label = tenant_label
         self._task_labels: set[str] = set()
+        self._series: dict[str, set[tuple[str, ...]]] = {}
+        """`stepwatch_evaluations_total` label values exported per registered task key (the other
+        score families use the same values without `outcome`), so a removed key can be dropped."""
         labels = ["metric", "task_key", "partition_type", *(["tenant"] if tenant_label else [])]
         self.last_score = Gauge(
             "stepwatch_evaluation_last_score", "The latest score.", labels, registry=self.registry
@@ -198,8 +203,30 @@ class PrometheusExporter:
         return task_key
 
     def expectations_reloaded(self, ok: bool) -> None:
+        """Called after the new expectations are in use (the service swaps them first)."""
         self.reloads.labels("ok" if ok else "error").inc()
         self.expectations_valid.set(1 if ok else 0)
+        if ok:
+            self.forget_unregistered_task_keys()
+
+    def forget_unregistered_task_keys(self) -> list[str]:
+        """Drop every score series of task keys no longer registered and free their label slots.
+
+        A last-score gauge for a task that no longer exists would otherwise report (and alert on)
+        a stale score forever; its counter and histogram go too, so churn in the expectations file
+        cannot grow label cardinality past `max_task_keys`. Prometheus marks the series stale;
+        rate()/increase() over their past samples stay correct. Returns the keys dropped."""
+        gone = sorted(key for key in self._task_labels if not self._registered(key))
+        for key in gone:
+            self._task_labels.discard(key)
+            counted = self._series.pop(key, set())
+            for labels in counted:
+                self.evaluations.remove(*labels)
+            for labels in {labels[:-1] for labels in counted}:
+                for family in (self.last_score, self.score):
+                    with contextlib.suppress(KeyError):  # no series when every result was unscored
+                        family.remove(*labels)
+        return gone
 
     async def start(self) -> None:
         return None
@@ -209,8 +236,11 @@ class PrometheusExporter:
         for event in events:
             task = self.task_label(event.task_key if event.registered else None)
             tenant = (event.attributes.get("tenant", "default"),) if self._tenant_label else ()
+            series = self._series.setdefault(task, set()) if task != UNREGISTERED else None
             for result in event.results:
                 labels = (result.metric, task, event.partition_type, *tenant)
+                if series is not None:
+                    series.add((*labels, result.outcome))
                 self.evaluations.labels(*labels, result.outcome).inc()
                 if result.score is not None:
                     self.last_score.labels(*labels).set(result.score)

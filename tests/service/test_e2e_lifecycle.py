@@ -133,6 +133,35 @@ async def test_hot_reload_and_invalid_edit_keeps_last_good(tmp_path, h) -> None:
         await client.close()
 
 
+async def test_a_task_key_removed_by_a_reload_leaves_the_last_score_gauge(tmp_path, h) -> None:
+    two = EXPECTATIONS + "  cancel-order:\n    expected_steps: [lookup_order, cancel]\n"
+    async with h.running(tmp_path, two) as (service, metrics):
+        path = Path(service.config.expectations.file)
+        client = Client(service.grpc.port)
+        await client.send(request(*agent_trace(1, ["lookup_order", "issue_refund"])))
+        await client.send(request(*agent_trace(2, ["lookup_order", "cancel"], task="cancel-order")))
+        score = {"metric": "agent.step_accuracy", "partition_type": "trace"}
+        await h.eventually(
+            lambda: metrics.get("stepwatch_evaluation_last_score", **score, task_key="cancel-order")
+        )
+        await h.eventually(
+            lambda: metrics.get("stepwatch_evaluation_last_score", **score, task_key="refund-order")
+        )
+        path.write_text(EXPECTATIONS)  # cancel-order removed
+        await h.eventually(lambda: metrics.get("stepwatch_expectations_reloads_total", result="ok"))
+        assert await metrics.get("stepwatch_evaluation_last_score", **score, task_key="cancel-order") is None
+        assert await metrics.total("stepwatch_evaluations_total", task_key="cancel-order") == 0
+        assert await metrics.get("stepwatch_evaluation_last_score", **score, task_key="refund-order") == 1.0
+        # its next run is scored as unregistered (expectation-free metrics only), not under its key
+        await client.send(request(*agent_trace(3, ["lookup_order", "cancel"], task="cancel-order")))
+        steps = {"metric": "trajectory.step_count", "partition_type": "trace"}
+        await h.eventually(
+            lambda: metrics.get("stepwatch_evaluation_last_score", **steps, task_key="unregistered")
+        )
+        assert await metrics.total("stepwatch_evaluations_total", task_key="cancel-order") == 0
+        await client.close()
+
+
 async def test_full_buffer_pushes_back_and_accepted_spans_are_still_scored(tmp_path, h) -> None:
     async with h.running(
         tmp_path,
