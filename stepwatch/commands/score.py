@@ -34,8 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dataset",
         metavar="DATA.jsonl",
-        help="JSONL rows {id, trace, expected_steps, "
-        "[scoring_method], [rules]}; trace paths relative to the dataset file",
+        help="JSONL rows {id, trace, expected_steps, [scoring_method], [rules]}: `trace` is a trace "
+        "file path relative to the dataset file; or rows carrying the request inline: trajectory, "
+        "expected_trajectory, input, expected_plan, and/or trace as an OpenInference span list "
+        "(docs/offline.md, docs/judges.md)",
     )
     parser.add_argument(
         "--expected-steps",

@@ -208,3 +208,17 @@ def test_schema_command() -> None:
     expectation = json.loads(run("schema", "expectation").stdout)
     assert "expected_steps" in expectation["properties"]
     assert run("schema", "bogus").returncode == 2
+
+
+def test_dataset_help_names_the_file_and_the_inline_row_fields() -> None:
+    import argparse
+
+    from stepwatch.commands import score
+
+    parser = argparse.ArgumentParser()
+    score.add_arguments(parser)
+    dataset = next(action for action in parser._actions if action.dest == "dataset")
+    assert dataset.help is not None
+    for field in ("expected_steps", "scoring_method", "rules", "trajectory", "expected_trajectory", "input"):
+        assert field in dataset.help, field
+    assert "expected_plan" in dataset.help and "OpenInference span list" in dataset.help
