@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 from collections.abc import Sequence
@@ -277,6 +278,8 @@ class Service:
             )
         self._scoring_attributes = scoring_attributes(config.partitioning.task_key_attributes)
         self._selections: dict[int, tuple[ExpectationsStore, AttributeSelection | None]] = {}
+        # one worker: score inline (see _score_inline); the local judge still runs in the thread
+        self._inline = config.scoring.workers == 1
         self._executor = ThreadPoolExecutor(config.scoring.workers, thread_name_prefix="stepwatch-score")
         self._inflight: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
@@ -286,6 +289,7 @@ class Service:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        _tune_gc()
         await self.fanout.start()
         if self.metrics_server is not None:
             await self.metrics_server.start()
@@ -475,10 +479,36 @@ class Service:
             task.add_done_callback(self._inflight.discard)
 
     async def _score_batch(self, closed: list[ClosedPartition]) -> None:
+        if self._inline:
+            await self._score_inline(closed)
+            return
         loop = asyncio.get_running_loop()
         outputs = await loop.run_in_executor(self._executor, self._process_batch, closed)
         for out in outputs:
             self._emit(out)
+
+    async def _score_inline(self, closed: list[ClosedPartition]) -> None:
+        """Score on the event loop in slices of at most INLINE_SLICE_SECONDS (plus one partition),
+        yielding between slices so receivers answer within about that bound. With one worker this
+        beats a thread: on one core the thread only adds GIL hand-offs (docs/serve.md)."""
+        clock = time.perf_counter
+        i, n = 0, len(closed)
+        while i < n:
+            deadline = clock() + INLINE_SLICE_SECONDS
+            outputs: list[_Scored] = []
+            while i < n:
+                outputs.extend(self._process_all(closed[i : i + 1]))
+                i += 1
+                if clock() >= deadline:
+                    break
+            if self._judge_in_worker and any(out.pending for out in outputs):  # judge CPU off the loop
+                judged = iter(
+                    await asyncio.to_thread(self._finish_local_judge, [o for o in outputs if o.pending])
+                )
+                outputs = [next(judged) if out.pending else out for out in outputs]  # keep the order
+            for out in outputs:
+                self._emit(out)
+            await asyncio.sleep(0)
 
     def _emit(self, out: _Scored) -> None:
         """Submit a scored revision; one still waiting on async scorers (a remote judge) completes in
@@ -523,11 +553,17 @@ class Service:
         the service loop (their HTTP session lives there)."""
         outputs = self._process_all(closed)
         if self._judge_in_worker and any(out.pending for out in outputs):
-            try:
-                outputs = asyncio.run(_finish_async_scorers(outputs))
-            except Exception:  # left pending: they are awaited on the service loop instead
-                log.exception("judge scorers failed in the worker thread")
+            outputs = self._finish_local_judge(outputs)
         return outputs
+
+    @staticmethod
+    def _finish_local_judge(outputs: list[_Scored]) -> list[_Scored]:
+        """In a worker thread: the local judge's scorers on a private event loop. Never raises."""
+        try:
+            return asyncio.run(_finish_async_scorers(outputs))
+        except Exception:  # left pending: they are awaited on the service loop instead
+            log.exception("judge scorers failed in the worker thread")
+            return outputs
 
     def _process_all(self, closed: list[ClosedPartition]) -> list[_Scored]:
         outputs: list[_Scored] = []
@@ -678,6 +714,26 @@ class Service:
             open_partitions=self.buffer.open_partitions(),
             retained_spans=self.buffer.retained_spans,
         )
+
+
+INLINE_SLICE_SECONDS = 0.005
+"""Longest run of inline scoring before the event loop serves receivers again."""
+GC_THRESHOLDS = (20_000, 20, 50)
+"""Scoring allocates many short-lived objects while the buffer holds many long-lived ones; with
+CPython's default gen0 threshold (700) collections cost ~30% of close time (docs/serve.md)."""
+_gc_tuned = False
+
+
+def _tune_gc() -> None:
+    """Once per process: collect young objects less often (garbage cycles only live longer).
+
+    gc.freeze() after start-up was ~2 us/span faster still, but a restarted `serve` with a Kafka
+    spool then never scored (tests/service/test_serve_score_streams.py): not used."""
+    global _gc_tuned
+    if _gc_tuned:
+        return
+    _gc_tuned = True
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 class _Backpressure(Exception):
