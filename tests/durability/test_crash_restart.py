@@ -8,12 +8,11 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from kafka_broker import free_port
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from serve_helpers import free_port, scrape, total
 
 pytestmark = pytest.mark.slow
 
@@ -40,14 +39,6 @@ def _generated_traces(dump: Path) -> set[str]:
             for ss in rs.scope_spans:
                 traces.update(span.trace_id.hex() for span in ss.spans)
     return traces
-
-
-def _metric(port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split(" ")[1])
-    raise AssertionError(f"{name} not exported")
 
 
 class Server:
@@ -150,7 +141,7 @@ def test_sigkill_mid_stream_and_a_torn_log_tail_lose_no_trace(tmp_path: Path) ->
         deadline = time.monotonic() + 120
         while not generated <= _scored_traces(events) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _metric(metrics_port, "stepwatch_wal_corrupt_records_total") >= 1
+        assert total(scrape(metrics_port), "stepwatch_wal_corrupt_records_total") >= 1
     finally:
         if loadgen is not None and loadgen.poll() is None:
             loadgen.kill()

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka_broker import TansuBroker, free_port
+from kafka_broker import TansuBroker
 from prometheus_client import CollectorRegistry
 from scorestream_helpers import (
     TopicReader,
@@ -21,6 +21,7 @@ from scorestream_helpers import (
     read_topic,
     sample,
 )
+from serve_helpers import free_port
 
 from stepwatch.exporters.config import KafkaExporterConfig
 from stepwatch.exporters.events import ScoreEvent, ScoreEventExporter

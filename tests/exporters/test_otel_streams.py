@@ -10,13 +10,13 @@ from typing import Any
 import grpc
 import pytest
 from aiohttp import web
-from kafka_broker import free_port
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
 from scorestream_helpers import eventually, make_event, make_partition
+from serve_helpers import free_port
 
 from stepwatch.evaluator.model import Partition, Span
 from stepwatch.evaluator.results import ScoreResult

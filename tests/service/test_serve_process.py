@@ -4,78 +4,32 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from serve_helpers import STEPWATCH, scrape, serve_env, start_serve, total
 
 pytestmark = pytest.mark.slow
 
-STEPWATCH = str(Path(sys.executable).parent / "stepwatch")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(port: int, proc: subprocess.Popen[str], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"stepwatch exited early: {proc.communicate()[1]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise AssertionError("stepwatch did not become ready")
-
-
-def scrape(port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
-                return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} not exposed")
-
 
 def test_sigterm_drains_every_buffered_partition_and_exits_0(tmp_path, agent) -> None:
-    grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
     expectations = Path(__file__).resolve().parents[2] / "examples" / "expectations.yaml"
-    env = {
-        **os.environ,
-        "STEPWATCH_BUFFER__SESSION_IDLE_TIMEOUT": "120",
-        "STEPWATCH_BUFFER__SWEEP_INTERVAL": "0.02",
-    }
-    argv = [
-        STEPWATCH, "serve", "--grpc-endpoint", f"127.0.0.1:{grpc_port}", "--http-endpoint", f"127.0.0.1:{http_port}",
-        "--metrics-endpoint", f"127.0.0.1:{metrics_port}", "--expectations", str(expectations),
-        "--trace-idle-timeout", "120",
-    ]  # fmt: skip
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = serve_env(STEPWATCH_BUFFER__SESSION_IDLE_TIMEOUT="120", STEPWATCH_BUFFER__SWEEP_INTERVAL="0.02")
+    serve = start_serve("--expectations", str(expectations), "--trace-idle-timeout", "120", env=env)
     try:
-        wait_ready(metrics_port, proc)
-        agent.send("grpc", f"127.0.0.1:{grpc_port}", agent.demo_runs())
+        agent.send("grpc", f"127.0.0.1:{serve.grpc}", agent.demo_runs())
         deadline = time.monotonic() + 10
-        while scrape(metrics_port, "stepwatch_buffered_spans") < 14 and time.monotonic() < deadline:
+        while total(scrape(serve.metrics), "stepwatch_buffered_spans") < 14 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert scrape(metrics_port, "stepwatch_buffered_spans") == 14  # 4 traces, nothing closed yet
-        assert scrape(metrics_port, "stepwatch_spans_scored_total") == 0
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
+        samples = scrape(serve.metrics)
+        assert total(samples, "stepwatch_buffered_spans") == 14  # 4 traces, nothing closed yet
+        assert total(samples, "stepwatch_spans_scored_total") == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err
-    assert f"listening on 127.0.0.1:{grpc_port}" in err and f"127.0.0.1:{http_port}/v1/traces" in err
+        code, err = serve.stop(signal.SIGTERM)
+    assert code == 0, err
+    assert f"listening on 127.0.0.1:{serve.grpc}" in err and f"127.0.0.1:{serve.http}/v1/traces" in err
     assert "drained: 14 span(s) received, 14 scored, 0 rejected, 0 late" in err
 
 

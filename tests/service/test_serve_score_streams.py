@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -25,8 +24,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "exporters"))
-from kafka_broker import TansuBroker, free_port
+from kafka_broker import TansuBroker
 from scorestream_helpers import TopicReader
+from serve_helpers import STEPWATCH, Samples, ServeProcess, free_port, scrape, serve_env, start_serve, total
 from test_otel_streams import attrs, grpc_sink  # noqa: F401 - the fixture is used by name
 
 from stepwatch.commands import serve as serve_command
@@ -39,7 +39,6 @@ from stepwatch.service import Service
 
 pytestmark = pytest.mark.slow
 
-STEPWATCH = str(Path(sys.executable).parent / "stepwatch")
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 TASK = "book-flight"
 EXPECTATIONS = f"tasks:\n  {TASK}:\n    expected_steps: [search_flights, book_flight]\n"
@@ -93,30 +92,13 @@ async def send(port: int, trace_ids: list[bytes] | ExportTraceServiceRequest) ->
         return time.monotonic() - started
 
 
-def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-async def ascrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+async def ascrape(port: int) -> Samples:
     """scrape() off the loop: the in-process service answers on this very loop."""
     return await asyncio.to_thread(scrape, port)
 
 
 async def counter(port: int, name: str, at_least: float) -> bool:
     return total(await ascrape(port), name) >= at_least
-
-
-def total(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
-    want = set(labels.items())
-    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
 
 
 async def until(predicate: Any, timeout: float = 30.0, what: str = "condition") -> None:
@@ -389,37 +371,24 @@ async def test_otel_metrics_and_evaluation_events_from_the_running_service(tmp_p
 # -- `stepwatch serve` as a process: SIGKILL and SIGTERM with events in the spool -----------------
 
 
-def start_serve(tmp_path: Path, bootstrap: str, spool: Path, ports: tuple[int, int]) -> subprocess.Popen[str]:
+def start_spooling_serve(tmp_path: Path, bootstrap: str, spool: Path, ports: tuple[int, int]) -> ServeProcess:
     expectations = tmp_path / "expectations.yaml"
     expectations.write_text(EXPECTATIONS)
-    env = {
-        **os.environ,
-        "STEPWATCH_BUFFER__SWEEP_INTERVAL": "0.02",
-        "STEPWATCH_EXPORTERS__KAFKA__REQUEST_TIMEOUT_MS": "1500",
-        "STEPWATCH_EXPORTERS__KAFKA__RECONNECT_BACKOFF_MAX_SECONDS": "0.5",
-        "STEPWATCH_EXPORTERS__KAFKA__SHUTDOWN_TIMEOUT_SECONDS": "1",
-        "STEPWATCH_EXPORTERS__KAFKA__SPOOL__FSYNC": "always",
-    }
+    env = serve_env(
+        STEPWATCH_BUFFER__SWEEP_INTERVAL="0.02",
+        STEPWATCH_EXPORTERS__KAFKA__REQUEST_TIMEOUT_MS="1500",
+        STEPWATCH_EXPORTERS__KAFKA__RECONNECT_BACKOFF_MAX_SECONDS="0.5",
+        STEPWATCH_EXPORTERS__KAFKA__SHUTDOWN_TIMEOUT_SECONDS="1",
+        STEPWATCH_EXPORTERS__KAFKA__SPOOL__FSYNC="always",
+    )
     grpc_port, metrics_port = ports
-    argv = [
-        STEPWATCH, "serve", "--grpc-endpoint", f"127.0.0.1:{grpc_port}", "--http-endpoint", "127.0.0.1:0",
-        "--metrics-endpoint", f"127.0.0.1:{metrics_port}", "--expectations", str(expectations),
-        "--trace-idle-timeout", "0.2", "--kafka-bootstrap", bootstrap, "--kafka-topic", "scores",
-        "--spool-dir", str(spool),
+    return start_serve(
+        "--expectations", str(expectations), "--trace-idle-timeout", "0.2",
+        "--kafka-bootstrap", bootstrap, "--kafka-topic", "scores", "--spool-dir", str(spool),
         "--no-wal",  # the spool is under test; a WAL replay after SIGKILL would re-score (same event ids)
-    ]  # fmt: skip
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"stepwatch exited early: {proc.communicate()[1]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/readyz", timeout=1):
-                return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("stepwatch serve did not become ready")
+        env=env,
+        ports=(grpc_port, free_port(), metrics_port),
+    )  # fmt: skip
 
 
 def scored(metrics_port: int) -> float:
@@ -432,17 +401,6 @@ def spooled(metrics_port: int) -> float:
     return total(samples, "stepwatch_kafka_events_spooled_total") if on_disk else 0.0
 
 
-def stop(proc: subprocess.Popen[str], sig: signal.Signals) -> tuple[int, str]:
-    proc.send_signal(sig)
-    try:
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    return proc.returncode, err
-
-
 async def test_events_in_the_spool_are_delivered_after_a_process_restart(tmp_path) -> None:
     broker = TansuBroker(topics=("scores",))  # down while the first two lives of the process run
     spool = tmp_path / "spool"
@@ -450,7 +408,7 @@ async def test_events_in_the_spool_are_delivered_after_a_process_restart(tmp_pat
     sent: list[bytes] = []
     try:
         for sig in (signal.SIGKILL, signal.SIGTERM):
-            proc = start_serve(tmp_path, broker.bootstrap, spool, ports)
+            serve = start_spooling_serve(tmp_path, broker.bootstrap, spool, ports)
             try:
                 batch = [os.urandom(16) for _ in range(8)]
                 assert await send(ports[0], batch) < 1.0
@@ -458,7 +416,7 @@ async def test_events_in_the_spool_are_delivered_after_a_process_restart(tmp_pat
                 await until(lambda: scored(ports[1]) == 8, what="scored")
                 await until(lambda: spooled(ports[1]) >= 8 * len(METRICS), what="this life's events spooled")
             finally:
-                code, err = stop(proc, sig)
+                code, err = serve.stop(sig)
             if sig == signal.SIGTERM:
                 assert code == 0, err
                 assert "drained: 24 span(s) received, 24 scored" in err
@@ -466,7 +424,7 @@ async def test_events_in_the_spool_are_delivered_after_a_process_restart(tmp_pat
                 assert code == -signal.SIGKILL
         assert any(spool.glob("*.seg"))
         broker.start()
-        proc = start_serve(tmp_path, broker.bootstrap, spool, ports)
+        serve = start_spooling_serve(tmp_path, broker.bootstrap, spool, ports)
         reader = await TopicReader(broker.bootstrap, "scores").start()
         try:
             await until(
@@ -479,7 +437,7 @@ async def test_events_in_the_spool_are_delivered_after_a_process_restart(tmp_pat
             received = validated(reader.records)
         finally:
             await reader.stop()
-            stop(proc, signal.SIGTERM)
+            serve.stop(signal.SIGTERM)
     finally:
         broker.stop()
     assert {e.partition_id for e in received} == {t.hex() for t in sent}
