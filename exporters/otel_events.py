@@ -9,7 +9,6 @@ GenAI operation span being evaluated").
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -25,7 +24,7 @@ from .. import __version__
 from .config import OtelEventsExporterConfig
 from .events import ScoreEvent
 from .otel_metrics import score_label
-from .otlp import default_resource, otlp_log_exporter
+from .otlp import SdkProviderStream, default_resource, otlp_log_exporter
 
 EVENT_NAME = "gen_ai.evaluation.result"
 
@@ -89,7 +88,7 @@ def event_attributes(event: ScoreEvent, max_explanation_chars: int) -> dict[str,
     return attributes
 
 
-class OtelEventsExporter:
+class OtelEventsExporter(SdkProviderStream):
     """Emits one log event per ScoreEvent through the SDK's LoggerProvider and batch processor."""
 
     name = "otel_events"
@@ -138,15 +137,5 @@ class OtelEventsExporter:
             attributes=event_attributes(event, self.config.max_explanation_chars),
         )
 
-    async def force_flush(self, timeout_seconds: float = 10.0) -> bool:
-        if self._provider is None:
-            return True
-        provider = self._provider
-        return await asyncio.to_thread(provider.force_flush, int(timeout_seconds * 1000))
-
-    async def shutdown(self) -> None:
-        """Flush queued records and stop the processor thread; idempotent."""
-        provider, self._provider = self._provider, None
+    def _release(self) -> None:
         self._logger = None
-        if provider is not None:
-            await asyncio.to_thread(provider.shutdown)

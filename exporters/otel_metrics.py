@@ -11,7 +11,6 @@ stepwatch.partition.type, and on the counter stepwatch.evaluation.outcome.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 
@@ -23,7 +22,7 @@ from opentelemetry.sdk.resources import Resource
 from .. import __version__
 from .config import OtelMetricsExporterConfig
 from .events import ScoreEvent
-from .otlp import BoundedValues, RegisteredTaskKeys, default_resource, otlp_metric_exporter
+from .otlp import BoundedValues, RegisteredTaskKeys, SdkProviderStream, default_resource, otlp_metric_exporter
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +69,7 @@ def score_label(event: ScoreEvent) -> str:
     return event.outcome if event.outcome in _LABELS else "_none"
 
 
-class OtelMetricsExporter:
+class OtelMetricsExporter(SdkProviderStream):
     """Records each ScoreEvent on two SDK instruments; the SDK's reader thread does the export."""
 
     name = "otel_metrics"
@@ -147,16 +146,5 @@ class OtelMetricsExporter:
             self._histogram.record(event.score, attributes)
         self._counter.add(1, {**attributes, ATTR_OUTCOME: event.outcome})
 
-    async def force_flush(self, timeout_seconds: float = 10.0) -> bool:
-        """Export now (off the event loop: the SDK exporter makes blocking calls)."""
-        if self._provider is None:
-            return True
-        provider = self._provider
-        return await asyncio.to_thread(provider.force_flush, int(timeout_seconds * 1000))
-
-    async def shutdown(self) -> None:
-        """Final collection and export, then release the reader thread; idempotent."""
-        provider, self._provider = self._provider, None
+    def _release(self) -> None:
         self._histogram = self._counter = None
-        if provider is not None:
-            await asyncio.to_thread(provider.shutdown)

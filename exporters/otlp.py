@@ -1,9 +1,11 @@
-"""Shared OTLP plumbing for the OTel score streams: the SDK exporters built from OtlpConfig,
-and bounded attribute values."""
+"""Shared OTLP plumbing for the OTel score streams: the SDK exporters built from OtlpConfig, the
+provider lifecycle, and bounded attribute values."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
+from typing import Protocol
 
 from opentelemetry.sdk._logs.export import LogRecordExporter
 from opentelemetry.sdk.metrics.export import MetricExporter
@@ -90,3 +92,33 @@ class RegisteredTaskKeys:
             return UNREGISTERED
         kept = self._kept(value)
         return UNREGISTERED if kept == OTHER else kept
+
+
+class _SdkProvider(Protocol):
+    def force_flush(self, timeout_millis: int = ...) -> bool: ...
+
+    def shutdown(self) -> None: ...
+
+
+class SdkProviderStream:
+    """Flush and shutdown of a score stream backed by an SDK MeterProvider or LoggerProvider: both
+    run off the event loop, because the SDK exporters make blocking network calls."""
+
+    _provider: _SdkProvider | None = None
+
+    def _release(self) -> None:
+        """Drop the instruments or logger, so export() is a no-op once shut down."""
+
+    async def force_flush(self, timeout_seconds: float = 10.0) -> bool:
+        """Export what is pending now."""
+        provider = self._provider
+        if provider is None:
+            return True
+        return await asyncio.to_thread(provider.force_flush, int(timeout_seconds * 1000))
+
+    async def shutdown(self) -> None:
+        """Final export, then stop the SDK's worker thread; idempotent."""
+        provider, self._provider = self._provider, None
+        self._release()
+        if provider is not None:
+            await asyncio.to_thread(provider.shutdown)
