@@ -29,7 +29,7 @@ from .model import Partition
 from .partitioning import EXPECTED_STEPS_ATTRIBUTE, SESSION_ID_ATTRIBUTES
 from .results import ScoreResult
 from .scorers.base import Scorer, ScoringInput
-from .steps import EMBEDDED_CALL_PREFIXES, STEP_ATTRIBUTES, extract_steps
+from .steps import EMBEDDED_CALL_PREFIXES, STEP_ATTRIBUTES, ToolIO, extract_steps
 from .trajectory_build import TRAJECTORY_ATTRIBUTES, build_trajectory
 
 STEP_ACCURACY = "agent.step_accuracy"
@@ -91,10 +91,11 @@ def build_scoring_input(
     all_extras: dict[str, object] = dict(extras or {})
     if error is not None:
         all_extras[EXPECTED_STEPS_ERROR] = error
+    io: ToolIO = {}  # each tool span's input/output JSON parsed once for steps and trajectory
     return ScoringInput(
         partition=partition,
-        steps=extract_steps(partition),
-        trajectory=build_trajectory(partition),
+        steps=extract_steps(partition, io),
+        trajectory=build_trajectory(partition, io),
         expectation=expectation,
         expected_steps=expected_steps,
         scoring_method=method,

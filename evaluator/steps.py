@@ -188,12 +188,33 @@ def _order(span: Span) -> tuple[int, int, str, int]:
     return (0, start, span.name, span.seq)
 
 
-def extract_steps(partition: Partition) -> list[Step]:
+ToolIO = dict[int, tuple[Any, Any]]
+"""id(span) -> its unwrapped tool (input, output): filled by `tool_io`, shared by step extraction
+and the trajectory so each tool span's JSON is parsed once (the spans must outlive the dict)."""
+
+
+def tool_io(span: Span, cache: ToolIO | None = None) -> tuple[Any, Any]:
+    """A tool span's input and output (TOOL_INPUT/OUTPUT_ATTRIBUTES), JSON strings unwrapped."""
+    if cache is not None:
+        found = cache.get(id(span))
+        if found is not None:
+            return found
+    attributes = span.attributes
+    io = (
+        unwrap_json(first_attribute(attributes, TOOL_INPUT_ATTRIBUTES)),
+        unwrap_json(first_attribute(attributes, TOOL_OUTPUT_ATTRIBUTES)),
+    )
+    if cache is not None:
+        cache[id(span)] = io
+    return io
+
+
+def extract_steps(partition: Partition, cache: ToolIO | None = None) -> list[Step]:
     """The partition's observed steps (rules 1-2), in execution order."""
-    return extract_steps_from_spans(partition.spans)
+    return extract_steps_from_spans(partition.spans, cache)
 
 
-def extract_steps_from_spans(spans: Sequence[Span]) -> list[Step]:
+def extract_steps_from_spans(spans: Sequence[Span], cache: ToolIO | None = None) -> list[Step]:
     roots = {id(span) for span in root_spans(spans)}
     step_spans: list[tuple[tuple[int, int, str, int], Span, StepKind]] = []
     for span in spans:
@@ -225,12 +246,11 @@ def extract_steps_from_spans(spans: Sequence[Span]) -> list[Step]:
         name = step_name(span, kind)
         attributes = span.attributes
         if kind == "TOOL":
-            step_input = first_attribute(attributes, TOOL_INPUT_ATTRIBUTES)
-            step_output = first_attribute(attributes, TOOL_OUTPUT_ATTRIBUTES)
+            step_input, step_output = tool_io(span, cache)
             round_id = rounds.claim(span, name, order)
         else:
-            step_input = attributes.get("input.value")
-            step_output = attributes.get("output.value")
+            step_input = unwrap_json(attributes.get("input.value"))
+            step_output = unwrap_json(attributes.get("output.value"))
             round_id = None
         steps.append(
             Step(
@@ -239,8 +259,8 @@ def extract_steps_from_spans(spans: Sequence[Span]) -> list[Step]:
                 trace_id=span.trace_id,
                 span_id=span.span_id,
                 start_time_unix_nano=span.start_time_unix_nano,
-                input=unwrap_json(step_input),
-                output=unwrap_json(step_output),
+                input=step_input,
+                output=step_output,
                 round_id=round_id,
             )
         )

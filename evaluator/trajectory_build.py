@@ -21,7 +21,7 @@ from typing import Any
 
 from .model import Partition, Span
 from .partitioning import root_spans, sort_spans
-from .steps import TOOL_INPUT_ATTRIBUTES, TOOL_OUTPUT_ATTRIBUTES, first_attribute, unwrap_json
+from .steps import TOOL_INPUT_ATTRIBUTES, TOOL_OUTPUT_ATTRIBUTES, ToolIO, first_attribute, tool_io
 from .trajectory import TokenUsage, Trajectory, TrajectoryStep
 
 FINAL_ANSWER_ATTRIBUTES = ("output.value", "gen_ai.completion")
@@ -53,21 +53,19 @@ def tool_name(span: Span) -> str:
     return str(value) if value is not None and value != "" else span.name
 
 
-def build_trajectory(partition: Partition) -> Trajectory:
-    return build_trajectory_from_spans(partition.spans)
+def build_trajectory(partition: Partition, cache: ToolIO | None = None) -> Trajectory:
+    return build_trajectory_from_spans(partition.spans, cache)
 
 
-def build_trajectory_from_spans(spans: list[Span]) -> Trajectory:
+def build_trajectory_from_spans(spans: list[Span], cache: ToolIO | None = None) -> Trajectory:
+    """`cache`: the tool inputs/outputs step extraction already unwrapped (see steps.ToolIO)."""
     ordered = sort_spans(spans)
-    steps = [
-        TrajectoryStep(
-            tool=tool_name(span),
-            input=unwrap_json(first_attribute(span.attributes, TOOL_INPUT_ATTRIBUTES)),
-            output=unwrap_json(first_attribute(span.attributes, TOOL_OUTPUT_ATTRIBUTES)),
-        )
-        for span in ordered
-        if is_tool_call(span)
-    ]
+    construct = TrajectoryStep.model_construct  # tool is a str, input/output Any: nothing to check
+    steps = []
+    for span in ordered:
+        if is_tool_call(span):
+            step_input, step_output = tool_io(span, cache)
+            steps.append(construct(tool=tool_name(span), input=step_input, output=step_output))
     return Trajectory(
         steps=steps,
         final_output=final_answer(ordered),
