@@ -190,7 +190,7 @@ class KafkaIngest:
         async with self._lock:
             await self._commit(consumer, None)
             await self._lose(set(self._owned))
-        await consumer.stop()
+        await stop_consumer(consumer)
 
     async def wait(self) -> None:
         """Until the consume loop ends; re-raises what ended it (a sink failure, for one)."""
@@ -326,3 +326,19 @@ class _Listener(ConsumerRebalanceListener):
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         await self._ingest._on_assigned(set(assigned))
+
+
+async def stop_consumer(consumer: AIOKafkaConsumer) -> None:
+    """`consumer.stop()`, tolerating aiokafka's stray CancelledError.
+
+    While the broker is unreachable, aiokafka's fetcher cancels its own fetch task on close and
+    awaits it, so `stop()` raises CancelledError although nobody cancelled us; a real cancellation
+    of this task (`cancelling() > 0`) still propagates.
+    """
+    try:
+        await consumer.stop()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        log.warning("kafka consumer stopped with a stray CancelledError (broker unreachable?)")

@@ -14,6 +14,7 @@ from aiokafka import AIOKafkaConsumer
 from stepwatch.evaluator.model import Partition, Span
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.exporters.events import ScoreEvent, build_score_event
+from stepwatch.receiver.kafka_ingest import stop_consumer
 
 
 def trace_id(i: int) -> str:
@@ -106,7 +107,7 @@ class TopicReader:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._consumer.stop(), 5)
+            await asyncio.wait_for(stop_consumer(self._consumer), 15)
 
     def events(self) -> list[ScoreEvent]:
         return [ScoreEvent.model_validate_json(value) for _, value in self.records]

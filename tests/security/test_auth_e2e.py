@@ -4,7 +4,6 @@ exporters as clients; accepted requests are filed under the token's tenant."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import ssl
 
 import aiohttp
@@ -49,9 +48,7 @@ class TenantRecorder(trace_service_pb2_grpc.TraceServiceServicer):
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
-async def test_grpc_rejects_missing_and_wrong_tokens_as_unauthenticated(
-    pki, authenticator, make_spans, caplog
-):
+async def test_grpc_rejects_missing_and_wrong_tokens_as_unauthenticated(pki, authenticator, make_spans):
     rejected: list[int] = []
     server = grpc.aio.server(interceptors=[BearerAuthInterceptor(authenticator, on_rejected=rejected.append)])
     recorder = TenantRecorder()
@@ -75,10 +72,10 @@ async def test_grpc_rejects_missing_and_wrong_tokens_as_unauthenticated(
         assert await export({"authorization": f"Bearer {TOKEN_A}"}) is SpanExportResult.SUCCESS
         assert await export({"authorization": f"Bearer {TOKEN_B}"}) is SpanExportResult.SUCCESS
         assert recorder.spans == {"team-a": 4, "team-b": 4}
-        with caplog.at_level(logging.ERROR):
-            assert await export(None) is SpanExportResult.FAILURE
-            assert await export({"authorization": "Bearer wrong-token"}) is SpanExportResult.FAILURE
-        assert "UNAUTHENTICATED" in caplog.text
+        # The exporter only reports FAILURE; the status code itself is checked with a raw call below
+        # (the SDK's log line is not a reliable signal: its logging depends on earlier tests' setup).
+        assert await export(None) is SpanExportResult.FAILURE
+        assert await export({"authorization": "Bearer wrong-token"}) is SpanExportResult.FAILURE
         assert recorder.spans == {"team-a": 4, "team-b": 4}
         assert rejected == [4, 4]  # the refused spans are counted (reason auth), not dropped silently
 
