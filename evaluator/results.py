@@ -33,4 +33,6 @@ class ScoreResult(BaseModel):
             return "error"
         if self.not_scored is not None or self.score is None:
             return "not_scored"
-        return "pass" if self.passed else "fail"
+        # A statistic with no limit configured (passed None) violated nothing: it is not a failure,
+        # and counting it as one would drag every pass rate down.
+        return "fail" if self.passed is False else "pass"
