@@ -304,6 +304,7 @@ class Service:
         if self.wal is not None:
             await self._replay_wal(self.wal)
             await self.wal.start()
+            log.info("write-ahead log in %s (fsync %s)", self.wal.config.directory, self.wal.config.fsync)
         if self.kafka_ingest is not None:
             await self.kafka_ingest.start()
             log.info("Kafka receiver consuming %s", self.config.receivers.kafka.topic)
