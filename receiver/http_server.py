@@ -197,7 +197,7 @@ class OtlpHttpReceiver:
             self._accounting.requests_rejected["decode"] += 1
             return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), media)
         tenant = self._tenant(request) if self._tenant is not None else None
-        outcome = await ingest(self._sink, self._accounting, otlp, PROTOCOL, tenant)
+        outcome = await ingest(self._sink, otlp, PROTOCOL, tenant)
         if outcome.retry_after is not None:
             status, code = (
                 (503, code_pb2.UNAVAILABLE) if outcome.unavailable else (429, code_pb2.RESOURCE_EXHAUSTED)

@@ -44,7 +44,9 @@ class IngestResult:
     error_message: str = ""
     """For OTLP partial_success: why spans were rejected, or a warning (e.g. duplicates)."""
     retry_after: float | None = None
-    """Set when nothing was taken because the buffer is full: answer RESOURCE_EXHAUSTED/429."""
+    """Set when nothing was taken because a bound was reached: answer RESOURCE_EXHAUSTED/429."""
+    refusal: str | None = None
+    """Which bound refused the request when `retry_after` is set: `buffer_full` or `wal_full`."""
     unavailable: bool = False
     """Nothing was taken because the service is shutting down: answer UNAVAILABLE/503."""
     durable: Awaitable[None] | None = None
@@ -208,12 +210,12 @@ class Ingestor:
                 payload = WalEntry(tenant if tenant != DEFAULT_TENANT else "", "otlp_proto", body).to_bytes()
                 if not wal.has_room(len(payload)):
                     acc.rejected["wal_full"] += len(records)
-                    result.retry_after = self.retry_after
+                    result.retry_after, result.refusal = self.retry_after, "wal_full"
                     return result
             admission = self.buffer.offer(records)
             if admission.full:
                 acc.rejected["buffer_full"] += len(records)
-                result.retry_after = self.retry_after
+                result.retry_after, result.refusal = self.retry_after, "buffer_full"
                 return result
             if wal is not None:
                 ref, result.durable = wal.append_nowait(payload)

@@ -10,8 +10,6 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from stepwatch.evaluator.accounting import SpanAccounting
-
 from .ingest import SpanSink
 
 SHUTTING_DOWN = "the service is shutting down"
@@ -33,18 +31,13 @@ class Outcome:
 
 async def ingest(
     sink: SpanSink,
-    accounting: SpanAccounting,
     request: ExportTraceServiceRequest,
     protocol: str,
     tenant: str | None = None,
 ) -> Outcome:
     """Hand `request` to the sink, wait for its write-ahead log record, and decide the answer.
 
-    Messages name the cause only; each receiver appends how its protocol says when to retry.
-    IngestResult does not say *which* bound refused a request; the `wal_full` rejection counter the
-    sink bumps does. consume() is synchronous, so reading that counter around it is exact."""
-    rejected = accounting.rejected
-    wal_full_before = rejected["wal_full"]
+    Messages name the cause only; each receiver appends how its protocol says when to retry."""
     result = sink.consume(request, protocol) if tenant is None else sink.consume(request, protocol, tenant)
     if result.durable is not None:
         try:
@@ -55,7 +48,7 @@ async def ingest(
     if result.unavailable:
         return Outcome(SHUTTING_DOWN, retry_after=1.0, unavailable=True)
     if result.retry_after is not None:
-        message = WAL_FULL if rejected["wal_full"] > wal_full_before else BUFFER_FULL
+        message = WAL_FULL if result.refusal == "wal_full" else BUFFER_FULL
         return Outcome(message, retry_after=result.retry_after)
     response = ExportTraceServiceResponse()
     if result.rejected or result.error_message:
