@@ -87,6 +87,8 @@ def request_from_json(body: bytes) -> ExportTraceServiceRequest:
         document = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("body is not valid JSON: nested too deeply") from None
     if not isinstance(document, dict):
         raise BadRequest("OTLP/JSON body must be an object with resourceSpans")
     for resource_spans in _list(document, "resourceSpans", "resource_spans"):
@@ -99,6 +101,8 @@ def request_from_json(body: bytes) -> ExportTraceServiceRequest:
         return json_format.ParseDict(document, ExportTraceServiceRequest(), ignore_unknown_fields=True)
     except (json_format.ParseError, TypeError, ValueError) as exc:
         raise BadRequest(f"not an OTLP/JSON ExportTraceServiceRequest: {exc}") from None
+    except RecursionError:
+        raise BadRequest("not an OTLP/JSON ExportTraceServiceRequest: nested too deeply") from None
 
 
 def _gunzip(data: bytes, limit: int) -> bytes:

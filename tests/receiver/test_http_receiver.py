@@ -98,9 +98,10 @@ async def test_json_partial_success_counts_exactly() -> None:
         (b"\xff\xfe not protobuf", PB, "application/x-protobuf"),
         (b"{not json", JS, "application/json"),
         (b'{"resourceSpans": 7}', JS, "application/json"),
+        (b"[" * 5_000 + b"]" * 5_000, JS, "application/json"),
         (b"\x1f\x8b\x08 broken gzip", {**PB, "Content-Encoding": "gzip"}, "application/x-protobuf"),
     ],
-    ids=["garbage-protobuf", "garbage-json", "wrong-shape-json", "broken-gzip"],
+    ids=["garbage-protobuf", "garbage-json", "wrong-shape-json", "deeply-nested-json", "broken-gzip"],
 )
 async def test_bad_data_is_400_with_status_in_request_media_type(
     body: bytes, headers: dict[str, str], media: str
