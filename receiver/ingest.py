@@ -45,6 +45,8 @@ class IngestResult:
     """For OTLP partial_success: why spans were rejected, or a warning (e.g. duplicates)."""
     retry_after: float | None = None
     """Set when nothing was taken because a bound was reached: answer RESOURCE_EXHAUSTED/429."""
+    keys: frozenset[bytes] = frozenset()
+    """Buffer keys of the spans taken (rejected spans excluded): what a log holds until scored."""
     refusal: str | None = None
     """Which bound refused the request when `retry_after` is set: `buffer_full` or `wal_full`."""
     unavailable: bool = False
@@ -217,9 +219,10 @@ class Ingestor:
                 acc.rejected["buffer_full"] += len(records)
                 result.retry_after, result.refusal = self.retry_after, "buffer_full"
                 return result
+            result.keys = frozenset(rec[0] for rec in records)
             if wal is not None:
                 ref, result.durable = wal.append_nowait(payload)
-                wal.track(ref, {rec[0] for rec in records})
+                wal.track(ref, result.keys)
             if admission.limit:
                 rejected["limit"] += admission.limit
                 note = f"its partition was closed early at a size limit ({self.limits_note})"

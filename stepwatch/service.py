@@ -356,7 +356,7 @@ class Service:
         result = self.ingestor.consume(request, "kafka")
         if result.retry_after is not None or result.unavailable:
             raise _Backpressure()
-        return {span.trace_id for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans}
+        return set(result.keys)  # rejected spans are never scored: holding their offset would stall commits
 
     async def _kafka_partitions_lost(self, tps: set[TopicPartition], keys: set[object]) -> None:
         """Another replica owns these Kafka partitions now: forget their unscored traces."""

@@ -1,0 +1,26 @@
+"""What an accepted request holds in a log (WAL segment or Kafka offset) until it is scored."""
+
+from __future__ import annotations
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from receiver_rig import IngestRig, corpus_bytes
+
+
+def test_keys_name_only_the_traces_whose_spans_were_taken() -> None:
+    """A span rejected on its own is never scored, so its trace id must not hold a log position
+    (a Kafka offset held by it would stop commits for good)."""
+    request = ExportTraceServiceRequest.FromString(corpus_bytes())
+    spans = request.resource_spans[0].scope_spans[0].spans
+    real_trace = spans[1].trace_id
+    spans[0].trace_id = b"\x07" * 16
+    spans[0].name = ""  # invalid on its own: rejected, its (otherwise unseen) trace never buffered
+    rig = IngestRig()
+    result = rig.ingestor.consume(request, "kafka")
+    assert result.rejected == 1
+    assert result.keys == frozenset({real_trace})
+
+
+def test_a_refused_request_holds_nothing() -> None:
+    rig = IngestRig(max_buffered_spans=1)
+    result = rig.ingestor.consume(ExportTraceServiceRequest.FromString(corpus_bytes()), "kafka")
+    assert result.refusal == "buffer_full" and result.keys == frozenset()
