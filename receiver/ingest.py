@@ -202,6 +202,17 @@ class Ingestor:
             acc.rejected["shutting_down"] += len(records)
             result.unavailable = True
             return result
+        capacity = self.buffer.limits.max_buffered_spans
+        if len(records) > capacity:  # could never fit, however long the client waited: not a retry
+            taken = len(records)
+            acc.rejected["limit"] += taken
+            rejected["limit"] += taken
+            result.rejected += taken
+            details["limit"] = (
+                f"the request holds {taken} spans, more than the whole buffer "
+                f"(buffer.max_buffered_spans={capacity}); send smaller batches"
+            )
+            records = []
         if records:
             wal = self.wal if protocol != "kafka" else None  # Kafka is its own log
             payload = b""

@@ -376,8 +376,12 @@ class Service:
             records, _, _, _ = split_request(request)
             if entry.tenant:  # spans of a named tenant: back under that tenant's keys
                 records = [(self.scope.trace_key(entry.tenant, r[0]), *r[1:]) for r in records]  # type: ignore[misc]
-            while self.buffer.offer(records).full:  # let the sweep and the scorers make room
-                await asyncio.sleep(self.config.buffer.sweep_interval)
+            # Acknowledged before the crash, so never refused now: offered in pieces that fit the
+            # buffer (a lowered max_buffered_spans must not hang start-up), waiting for room.
+            piece = max(1, self.buffer.limits.max_buffered_spans)
+            for start in range(0, len(records), piece):
+                while self.buffer.offer(records[start : start + piece]).full:
+                    await asyncio.sleep(self.config.buffer.sweep_interval)
             wal.track(ref, {rec[0] for rec in records})
             records_replayed += 1
             spans += len(records)

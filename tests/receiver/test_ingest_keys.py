@@ -21,6 +21,23 @@ def test_keys_name_only_the_traces_whose_spans_were_taken() -> None:
 
 
 def test_a_refused_request_holds_nothing() -> None:
-    rig = IngestRig(max_buffered_spans=1)
-    result = rig.ingestor.consume(ExportTraceServiceRequest.FromString(corpus_bytes()), "kafka")
+    rig = IngestRig(max_buffered_spans=12)  # the corpus request has 8 spans: room for one, not two
+    rig.ingestor.consume(ExportTraceServiceRequest.FromString(corpus_bytes()), "kafka")  # fills most
+    other = ExportTraceServiceRequest.FromString(corpus_bytes())
+    for rs in other.resource_spans:
+        for ss in rs.scope_spans:
+            for span in ss.spans:
+                span.trace_id = b"\x09" * 16
+    result = rig.ingestor.consume(other, "kafka")
     assert result.refusal == "buffer_full" and result.keys == frozenset()
+
+
+def test_a_request_larger_than_the_whole_buffer_is_rejected_not_retried_forever() -> None:
+    request = ExportTraceServiceRequest.FromString(corpus_bytes())
+    total = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+    rig = IngestRig(max_buffered_spans=total - 1)
+    result = rig.ingestor.consume(request, "grpc")
+    assert result.retry_after is None and result.refusal is None  # a retry could never succeed
+    assert result.rejected == total and result.accepted == 0
+    assert "more than the whole buffer" in result.error_message
+    assert rig.accounting.rejected["limit"] == total and rig.buffer.buffered_spans == 0
