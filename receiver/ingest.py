@@ -20,9 +20,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from stepwatch.evaluator.accounting import SpanAccounting
 from stepwatch.evaluator.buffer import ROOT_ENDED, Admission, SpanRecord
-from stepwatch.evaluator.model import Span
 
-from .otlp_proto import decode_request_bytes, span_rejection
+from .otlp_proto import span_rejection
 from .records import records_request_bytes
 from .wal import WriteAheadLog
 from .wal_format import WalEntry
@@ -219,7 +218,7 @@ class Ingestor:
             if wal is not None:
                 # the request as is (upb serializes ~5x faster than re-assembling records), unless
                 # some spans were invalid: then only the valid ones, so a replay takes exactly those
-                body = records_to_request_bytes(records) if rejected else request.SerializeToString()
+                body = records_request_bytes(records) if rejected else request.SerializeToString()
                 payload = WalEntry(tenant if tenant != DEFAULT_TENANT else "", "otlp_proto", body).to_bytes()
                 if not wal.has_room(len(payload)):
                     acc.rejected["wal_full"] += len(records)
@@ -256,50 +255,3 @@ def _message(rejected: Counter[str], details: dict[str, str]) -> str:
     if "duplicate" in details:
         text = f"{text}; {details['duplicate']}" if text else details["duplicate"]
     return text
-
-
-# -- close time: records back to canonical Spans --------------------------------------------------
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    return bytes(((number << 3) | 2,)) + _varint(len(payload)) + payload
-
-
-def records_to_request_bytes(records: Sequence[SpanRecord]) -> bytes:
-    """Re-assemble an encoded ExportTraceServiceRequest from records, keeping their order.
-
-    Consecutive records of one (resource, scope) share a ResourceSpans, so resource attributes are
-    decoded once per run, as with the original request.
-    """
-    out: list[bytes] = []
-    i = 0
-    n = len(records)
-    while i < n:
-        origin = records[i][4]
-        j = i
-        payloads: list[bytes] = []
-        while j < n and records[j][4] is origin:
-            payloads.append(_field(2, records[j][3]))
-            j += 1
-        resource, scope = origin  # type: ignore[misc]
-        scope_spans = _field(1, scope) + b"".join(payloads)
-        out.append(_field(1, _field(1, resource) + _field(2, scope_spans)))
-        i = j
-    return b"".join(out)
-
-
-def decode_records(records: Sequence[SpanRecord]) -> list[Span]:
-    """Canonical Spans of buffered records (`seq` = their buffer order), via the OTLP decoder.
-
-    Re-assembled by `records.records_request_bytes` (byte-identical to `records_to_request_bytes`,
-    one join per origin run instead of a concatenation per span)."""
-    return decode_request_bytes(records_request_bytes(records)).spans

@@ -2,7 +2,7 @@
 
 - `unwrap_json`'s literal pre-check agrees with json.loads on tricky strings;
 - `new_span` builds the same Span as `Span.model_construct`;
-- `records_request_bytes` re-assembles byte-identically to `ingest.records_to_request_bytes`;
+- `records_request_bytes` re-assembles byte-identically to a plain reference re-assembly (below);
 - decoding only `scoring_attributes` scores every corpus trace exactly like a full decode with the
   scorers that declare `reads_span_attributes = False`, so the allowlist cannot silently miss a key.
 """
@@ -22,7 +22,7 @@ from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES, partit
 from stepwatch.evaluator.pipeline import reads_span_attributes, score_partition, scoring_attributes
 from stepwatch.evaluator.scorers.registry import ScorerRegistry
 from stepwatch.evaluator.steps import unwrap_json
-from stepwatch.receiver.ingest import records_to_request_bytes, split_request
+from stepwatch.receiver.ingest import split_request
 from stepwatch.receiver.otlp_proto import new_span
 from stepwatch.receiver.records import decode_records, records_request_bytes
 
@@ -75,6 +75,36 @@ def _corpus_records() -> list[list[tuple[bytes, bytes, int, bytes, object]]]:
             by_trace.setdefault(record[0], []).append(record)
         out.extend(by_trace.values())
     return out
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return bytes(((number << 3) | 2,)) + _varint(len(payload)) + payload
+
+
+def records_to_request_bytes(records) -> bytes:
+    """Reference re-assembly, one field at a time: a run of records sharing an origin becomes one
+    ResourceSpans{resource, ScopeSpans{scope, spans...}}, in record order."""
+    out: list[bytes] = []
+    i = 0
+    while i < len(records):
+        origin = records[i][4]
+        j = i
+        while j < len(records) and records[j][4] is origin:
+            j += 1
+        resource, scope = origin
+        scope_spans = _field(1, scope) + b"".join(_field(2, r[3]) for r in records[i:j])
+        out.append(_field(1, _field(1, resource) + _field(2, scope_spans)))
+        i = j
+    return b"".join(out)
 
 
 def test_records_reassembly_is_byte_identical() -> None:
