@@ -21,7 +21,7 @@ from typing import Any
 
 from .model import Partition, Span
 from .partitioning import root_spans, sort_spans
-from .steps import TOOL_INPUT_ATTRIBUTES, TOOL_OUTPUT_ATTRIBUTES, ToolIO, first_attribute, tool_io
+from .steps import TOOL_INPUT_ATTRIBUTES, TOOL_OUTPUT_ATTRIBUTES, ToolIO, first_attribute, step_name, tool_io
 from .trajectory import TokenUsage, Trajectory, TrajectoryStep
 
 FINAL_ANSWER_ATTRIBUTES = ("output.value", "gen_ai.completion")
@@ -44,13 +44,15 @@ TRAJECTORY_ATTRIBUTES: tuple[str, ...] = (
 
 
 def is_tool_call(span: Span) -> bool:
+    """Same reading of the span kind as step extraction (case-insensitive), so a span that is a
+    TOOL step is also a trajectory step that the assertion rules see."""
     attributes = span.attributes
-    return "gen_ai.tool.name" in attributes or attributes.get("openinference.span.kind") == "TOOL"
+    kind = attributes.get("openinference.span.kind")
+    return "gen_ai.tool.name" in attributes or (kind is not None and str(kind).upper() == "TOOL")
 
 
 def tool_name(span: Span) -> str:
-    value = first_attribute(span.attributes, ("gen_ai.tool.name", "tool.name"))
-    return str(value) if value is not None and value != "" else span.name
+    return step_name(span, "TOOL")
 
 
 def build_trajectory(partition: Partition, cache: ToolIO | None = None) -> Trajectory:

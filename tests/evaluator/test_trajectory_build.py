@@ -161,3 +161,11 @@ def test_latency_is_max_end_minus_min_start() -> None:
         )
     )
     assert trajectory.latency_ns == 8_000
+
+
+def test_openinference_kind_is_read_case_insensitively_like_step_extraction() -> None:
+    """A span step extraction counts as a TOOL step is a trajectory step too (rules must see it)."""
+    root = span(1, "root", start=0, end=10)
+    tool = span(2, "lookup", parent=1, start=1, end=2, **{"openinference.span.kind": "tool"})
+    trajectory = build_trajectory(partition(root, tool))
+    assert [step.tool for step in trajectory.steps] == ["lookup"]
