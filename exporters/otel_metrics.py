@@ -20,6 +20,7 @@ from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, V
 from opentelemetry.sdk.resources import Resource
 
 from .. import __version__
+from .buckets import SCORE_BUCKETS
 from .config import OtelMetricsExporterConfig
 from .events import ScoreEvent
 from .otlp import BoundedValues, RegisteredTaskKeys, SdkProviderStream, default_resource, otlp_metric_exporter
@@ -34,30 +35,6 @@ ATTR_LABEL = "gen_ai.evaluation.score.label"
 ATTR_TASK_KEY = "stepwatch.task_key"
 ATTR_PARTITION_TYPE = "stepwatch.partition.type"
 ATTR_OUTCOME = "stepwatch.evaluation.outcome"
-
-SCORE_BUCKETS = (
-    0.1,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.6,
-    0.7,
-    0.8,
-    0.9,
-    0.95,
-    1.0,
-    2,
-    5,
-    10,
-    25,
-    50,
-    100,
-    1000,
-    10000,
-    100000,
-)
-"""Fine in [0, 1] (most metrics are ratios), coarse above for the count/latency/token metrics."""
 
 _LABELS = frozenset({"pass", "fail"})
 

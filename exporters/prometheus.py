@@ -27,9 +27,9 @@ from prometheus_client.registry import Collector
 from stepwatch.evaluator.accounting import SpanAccounting
 
 from .base import PartitionScores
+from .buckets import SCORE_BUCKETS
 
 UNREGISTERED = "unregistered"
-SCORE_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 LATENCY_BUCKETS = (
     0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.05, 2.1, 2.25, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0, 120.0,
 )  # fmt: skip
