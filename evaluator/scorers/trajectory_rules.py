@@ -16,17 +16,16 @@ from typing import Any
 
 from ..model import normalise_tool_name
 from ..results import ScoreResult
-from ..rules import FieldMatcher, MaxSteps, MustCall, MustNotCall
+from ..rules import FieldMatcher, MaxSteps, MustCall, MustNotCall, Rule
 from ..trajectory import TrajectoryStep
 from .base import ScoringInput
 
-AnyRule = MustCall | MustNotCall | MaxSteps
 _MISSING = object()
 
 
 @dataclass(frozen=True, slots=True)
 class RuleOutcome:
-    rule: AnyRule
+    rule: Rule
     passed: bool
     reason: str | None = None
     """For a failure: names the rule and, where one exists, the offending step (index and tool)."""
@@ -38,7 +37,7 @@ class RuleOutcome:
         return entry
 
 
-def describe_rule(rule: AnyRule) -> dict[str, Any]:
+def describe_rule(rule: Rule) -> dict[str, Any]:
     """The rule as authored in YAML (`with`, `equals: null` kept only when given)."""
     if isinstance(rule, MaxSteps):
         return {"max_steps": rule.max_steps}
@@ -64,7 +63,7 @@ def _describe_matcher(matcher: FieldMatcher) -> dict[str, Any]:
     return out
 
 
-def _label(rule: AnyRule) -> str:
+def _label(rule: Rule) -> str:
     """Compact one-line rule text for reasons, e.g. `must_call: issue_refund after verify_identity`."""
     if isinstance(rule, MaxSteps):
         return f"max_steps: {rule.max_steps}"
@@ -213,7 +212,7 @@ def _max_steps(steps: Sequence[TrajectoryStep], rule: MaxSteps) -> RuleOutcome:
     )
 
 
-def check_rules(steps: Sequence[TrajectoryStep], rules: Sequence[AnyRule]) -> list[RuleOutcome]:
+def check_rules(steps: Sequence[TrajectoryStep], rules: Sequence[Rule]) -> list[RuleOutcome]:
     """One outcome per rule, in rule order. Step indices in reasons are 0-based."""
     outcomes: list[RuleOutcome] = []
     for rule in rules:
