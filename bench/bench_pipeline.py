@@ -76,7 +76,10 @@ def one_round(
         return out
 
     consume = service.ingestor.consume
-    timed("ingest", lambda: [consume(ExportTraceServiceRequest.FromString(r), "grpc") for r in requests])
+    timed(
+        "ingest",
+        lambda: [consume(ExportTraceServiceRequest.FromString(r), "grpc", encoded=r) for r in requests],
+    )
     clock.advance(service.config.buffer.rootless_trace_idle_timeout or 60.0)
     clock.advance(60.0)
     closed = timed("close", service.buffer.sweep)

@@ -125,7 +125,7 @@ class OtlpGrpcReceiver:
                 f"request is not a valid OTLP ExportTraceServiceRequest ({exc})",
             )
         tenant = self._tenant() if self._tenant is not None else None
-        outcome = await ingest(self._sink, request, PROTOCOL, tenant)
+        outcome = await ingest(self._sink, request, PROTOCOL, tenant, data)
         if outcome.retry_after is not None:
             code = grpc.StatusCode.UNAVAILABLE if outcome.unavailable else grpc.StatusCode.RESOURCE_EXHAUSTED
             message = f"{outcome.message}; retry after the delay in RetryInfo"

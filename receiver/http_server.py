@@ -185,9 +185,11 @@ class OtlpHttpReceiver:
             body = await self._read(request)
             if encoding == "gzip":
                 body = _gunzip(body, self._max)
+            encoded: bytes | None = None
             if media == PROTOBUF:
                 try:
                     otlp = ExportTraceServiceRequest.FromString(body)
+                    encoded = body
                 except DecodeError as exc:
                     raise BadRequest(f"body is not a valid OTLP ExportTraceServiceRequest ({exc})") from None
             else:
@@ -201,7 +203,7 @@ class OtlpHttpReceiver:
             self._accounting.requests_rejected["decode"] += 1
             return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), media)
         tenant = self._tenant(request) if self._tenant is not None else None
-        outcome = await ingest(self._sink, otlp, PROTOCOL, tenant)
+        outcome = await ingest(self._sink, otlp, PROTOCOL, tenant, encoded)
         if outcome.retry_after is not None:
             status, code = (
                 (503, code_pb2.UNAVAILABLE) if outcome.unavailable else (429, code_pb2.RESOURCE_EXHAUSTED)

@@ -21,6 +21,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from stepwatch.evaluator.accounting import SpanAccounting
 from stepwatch.evaluator.buffer import ROOT_ENDED, Admission, SpanRecord
 
+from .framing import span_extents
 from .otlp_proto import span_rejection
 from .records import records_request_bytes
 from .wal import WriteAheadLog
@@ -59,8 +60,15 @@ class SpanSink(Protocol):
     """What every receiver calls with each decoded request. Must not block (runs on the event loop)."""
 
     def consume(
-        self, request: ExportTraceServiceRequest, protocol: str, tenant: str = DEFAULT_TENANT
-    ) -> IngestResult: ...
+        self,
+        request: ExportTraceServiceRequest,
+        protocol: str,
+        tenant: str = DEFAULT_TENANT,
+        encoded: bytes | None = None,
+    ) -> IngestResult:
+        """`encoded`: the protobuf bytes `request` was parsed from, when the receiver has them;
+        spans and the log record are then taken from them instead of re-serialized."""
+        ...
 
 
 class BufferTarget(Protocol):
@@ -68,22 +76,28 @@ class BufferTarget(Protocol):
 
 
 def split_request(
-    request: ExportTraceServiceRequest,
+    request: ExportTraceServiceRequest, encoded: bytes | None = None
 ) -> tuple[list[SpanRecord], Counter[str], dict[str, str], int]:
-    """(valid span records, rejections by reason, first detail per reason, total spans)."""
+    """(valid span records, rejections by reason, first detail per reason, total spans).
+
+    `encoded`: the bytes `request` was parsed from, unmodified; each span's payload is then sliced
+    from them (receiver/framing.py) instead of re-serialized.
+    """
     records: list[SpanRecord] = []
     append = records.append
     rejected: Counter[str] = Counter()
     details: dict[str, str] = {}
-    total = 0
+    total = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+    extents = span_extents(encoded) if encoded is not None else None
+    if extents is not None and len(extents) != total:  # cannot happen for bytes upb parsed; be safe
+        extents = None
+    index = 0
     zero_trace, zero_span = _ZERO_TRACE_ID, _ZERO_SPAN_ID
     for resource_spans in request.resource_spans:
         resource = resource_spans.resource.SerializeToString()
         for scope_spans in resource_spans.scope_spans:
             origin = (resource, scope_spans.scope.SerializeToString())
-            spans = scope_spans.spans
-            total += len(spans)
-            for span in spans:
+            for span in scope_spans.spans:
                 trace_id = span.trace_id
                 span_id = span.span_id
                 parent = span.parent_span_id
@@ -96,8 +110,15 @@ def split_request(
                     and span.name
                 ):
                     flags = ROOT_ENDED if not parent and span.end_time_unix_nano else 0
-                    append((trace_id, span_id, flags, span.SerializeToString(), origin))
+                    if extents is not None:
+                        start, end = extents[index]
+                        payload = encoded[start:end]  # type: ignore[index]
+                    else:
+                        payload = span.SerializeToString()
+                    append((trace_id, span_id, flags, payload, origin))
+                    index += 1
                     continue
+                index += 1
                 problem = span_rejection(trace_id, span_id, parent, span.name)
                 reason, detail = problem if problem is not None else ("invalid_span", "invalid span")
                 rejected[reason] += 1
@@ -173,17 +194,23 @@ class Ingestor:
     """(tenant, trace id) -> buffer key, so two tenants' equal trace ids are separate partitions."""
 
     def consume(
-        self, request: ExportTraceServiceRequest, protocol: str, tenant: str = DEFAULT_TENANT
+        self,
+        request: ExportTraceServiceRequest,
+        protocol: str,
+        tenant: str = DEFAULT_TENANT,
+        encoded: bytes | None = None,
     ) -> IngestResult:
         over = 0
         if self.max_spans_per_request is not None:
             over = trim_request(request, self.max_spans_per_request)
-            if over and self.limit_meter is not None:
-                self.limit_meter("spans_per_request", over)
+            if over:
+                encoded = None  # no longer what `request` holds
+                if self.limit_meter is not None:
+                    self.limit_meter("spans_per_request", over)
         matcher = self.redaction(tenant) if self.redaction is not None else None
-        if matcher is not None:
-            redact_request(request, matcher)
-        records, rejected, details, total = split_request(request)
+        if matcher is not None and redact_request(request, matcher):
+            encoded = None
+        records, rejected, details, total = split_request(request, encoded)
         if over:
             total += over
             rejected["limit"] += over
@@ -216,9 +243,13 @@ class Ingestor:
             wal = self.wal if protocol != "kafka" else None  # Kafka is its own log
             payload = b""
             if wal is not None:
-                # the request as is (upb serializes ~5x faster than re-assembling records), unless
-                # some spans were invalid: then only the valid ones, so a replay takes exactly those
-                body = records_request_bytes(records) if rejected else request.SerializeToString()
+                # the request as is (as received, or re-serialized: upb is ~5x faster than re-assembling
+                # records), unless some spans were invalid: then only the valid ones, so a replay takes
+                # exactly those
+                if rejected:
+                    body = records_request_bytes(records)
+                else:
+                    body = encoded if encoded is not None else request.SerializeToString()
                 payload = WalEntry(tenant if tenant != DEFAULT_TENANT else "", "otlp_proto", body).to_bytes()
                 if not wal.has_room(len(payload)):
                     acc.rejected["wal_full"] += len(records)

@@ -34,11 +34,16 @@ async def ingest(
     request: ExportTraceServiceRequest,
     protocol: str,
     tenant: str | None = None,
+    encoded: bytes | None = None,
 ) -> Outcome:
     """Hand `request` to the sink, wait for its write-ahead log record, and decide the answer.
 
-    Messages name the cause only; each receiver appends how its protocol says when to retry."""
-    result = sink.consume(request, protocol) if tenant is None else sink.consume(request, protocol, tenant)
+    Messages name the cause only; each receiver appends how its protocol says when to retry.
+    `encoded`: the protobuf bytes `request` was parsed from (see SpanSink.consume)."""
+    if tenant is None:
+        result = sink.consume(request, protocol, encoded=encoded)
+    else:
+        result = sink.consume(request, protocol, tenant, encoded)
     if result.durable is not None:
         try:
             await result.durable

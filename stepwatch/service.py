@@ -339,10 +339,12 @@ class Service:
     async def _from_kafka(self, message: IngestedMessage) -> set[bytes]:
         """One Kafka message into the buffer; its trace ids are the keys its offset is held by."""
         try:
+            encoded: bytes | None = None
             if self.config.receivers.kafka.encoding == "otlp_json":
                 request = request_from_json(message.value)
             else:
                 request = ExportTraceServiceRequest.FromString(message.value)
+                encoded = message.value
         except (BadRequest, DecodeError) as exc:
             self.accounting.requests_rejected["decode"] += 1
             log.warning(
@@ -353,7 +355,7 @@ class Service:
                 exc,
             )
             return set()
-        result = self.ingestor.consume(request, "kafka")
+        result = self.ingestor.consume(request, "kafka", encoded=encoded)
         if result.retry_after is not None or result.unavailable:
             raise _Backpressure()
         return set(result.keys)  # rejected spans are never scored: holding their offset would stall commits
@@ -373,7 +375,7 @@ class Service:
         for ref, payload in wal.replay():
             entry = WalEntry.from_bytes(payload)
             request = ExportTraceServiceRequest.FromString(entry.data)
-            records, _, _, _ = split_request(request)
+            records, _, _, _ = split_request(request, entry.data)
             if entry.tenant:  # spans of a named tenant: back under that tenant's keys
                 records = [(self.scope.trace_key(entry.tenant, r[0]), *r[1:]) for r in records]  # type: ignore[misc]
             # Acknowledged before the crash, so never refused now: offered in pieces that fit the
