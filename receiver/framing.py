@@ -14,7 +14,7 @@ from __future__ import annotations
 _LEN = 2
 
 
-def _varint(data: bytes, i: int) -> tuple[int, int]:
+def read_varint(data: bytes, i: int) -> tuple[int, int]:
     """(value, next index); raises IndexError past the end."""
     byte = data[i]
     if byte < 0x80:
@@ -40,7 +40,7 @@ def _fields(data: bytes, start: int, end: int, wanted: int) -> list[tuple[int, i
     out: list[tuple[int, int]] = []
     append = out.append
     i = start
-    varint = _varint
+    varint = read_varint
     while i < end:
         key = data[i]
         i += 1
@@ -94,3 +94,21 @@ def span_extents(data: bytes) -> list[tuple[int, int]] | None:
         return spans
     except (IndexError, ValueError):
         return None
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_SMALL_VARINTS: tuple[bytes, ...] = tuple(_encode_varint(n) for n in range(1 << 14))
+"""Varints below 16 KiB (one or two bytes), looked up instead of encoded per span."""
+
+
+def varint_bytes(value: int) -> bytes:
+    """A length as a protobuf varint (framing re-assembled messages)."""
+    return _SMALL_VARINTS[value] if value < 16384 else _encode_varint(value)

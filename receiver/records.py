@@ -4,7 +4,8 @@ The records' encoded spans are re-assembled into one ExportTraceServiceRequest (
 records of one origin share a ResourceSpans, as they arrived) and decoded by the same decoder the
 offline CLI uses, so streaming and offline scores agree. With an `AttributeSelection` (the service
 passes `scoring_attributes(...)` when every scorer of the partition declares
-`reads_span_attributes = False`) only the attributes scoring reads are converted.
+`reads_span_attributes = False`) only the attributes scoring reads are converted, by
+receiver/otlp_selective.py (tests/receiver/test_otlp_selective.py holds it to the full decoder).
 """
 
 from __future__ import annotations
@@ -15,24 +16,9 @@ from stepwatch.evaluator.buffer import SpanRecord
 from stepwatch.evaluator.model import Span
 from stepwatch.evaluator.pipeline import AttributeSelection
 
+from .framing import varint_bytes
 from .otlp_proto import decode_request_bytes
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-_SMALL_VARINTS: tuple[bytes, ...] = tuple(_varint(n) for n in range(1 << 14))
-"""Varints of lengths below 16 KiB (one or two bytes), looked up instead of encoded per span."""
-
-
-def _length(n: int) -> bytes:
-    return _SMALL_VARINTS[n] if n < 16384 else _varint(n)
+from .otlp_selective import decode_selected
 
 
 def records_request_bytes(records: Sequence[SpanRecord]) -> bytes:
@@ -44,7 +30,7 @@ def records_request_bytes(records: Sequence[SpanRecord]) -> bytes:
     out: list[bytes] = []
     i = 0
     n = len(records)
-    length = _length
+    length = varint_bytes
     while i < n:
         origin = records[i][4]
         parts: list[bytes] = []
@@ -94,5 +80,4 @@ def decode_records_for_limits(
         if len(payload := record[3]) > most_bytes
         or payload.count(b"[") + payload.count(b"{") > max_json_depth
     }
-    spans = decode_request_bytes(records_request_bytes(records), selection, full, max_attributes).spans
-    return spans, full
+    return decode_selected(records, selection, full, max_attributes), full

@@ -1,0 +1,200 @@
+"""Close-time decoding of buffered spans that converts only the attributes scoring reads.
+
+A partition's span payloads are parsed in one upb call as a list of `LeanSpan`s: the fields of
+OTLP's Span that the canonical model holds, with `attributes` (field 9, repeated KeyValue)
+declared as `map<string, bytes>`. The two are the same on the wire (a map entry is a message with
+the key in field 1 and the value in field 2), so upb builds a hash map of key -> encoded AnyValue
+in C; picking the selected keys then walks plain strings instead of KeyValue messages, and only
+the selected values become Python objects (an agent's LLM span carries a dozen attributes,
+scoring reads two or three).
+
+Repeated keys keep the last value, as the full decoder's dict does. Spans that a per-span limit
+may touch are decoded whole by the caller's rules (receiver/records.py).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan  # also puts Status in the pool
+
+from stepwatch.evaluator.buffer import SpanRecord
+from stepwatch.evaluator.model import Span
+from stepwatch.evaluator.pipeline import AttributeSelection
+
+from .attributes import proto_attributes, proto_value
+from .framing import read_varint, varint_bytes
+from .origin import Origin
+from .otlp_proto import SPAN_KINDS, STATUS_CODES, new_span
+
+_F = descriptor_pb2.FieldDescriptorProto
+
+
+def _lean_file() -> descriptor_pb2.FileDescriptorProto:
+    """stepwatch/otlp_lean.proto: OTLP Span's scoring fields, attributes as map<string, bytes>."""
+    file = descriptor_pb2.FileDescriptorProto(
+        name="stepwatch/otlp_lean.proto",
+        package="stepwatch.lean",
+        syntax="proto3",
+        dependency=["opentelemetry/proto/trace/v1/trace.proto"],
+    )
+    span = file.message_type.add(name="LeanSpan")
+    entry = span.nested_type.add(name="AttributesEntry")
+    entry.options.map_entry = True
+    entry.field.add(name="key", number=1, type=_F.TYPE_STRING, label=_F.LABEL_OPTIONAL)
+    entry.field.add(name="value", number=2, type=_F.TYPE_BYTES, label=_F.LABEL_OPTIONAL)
+    optional = _F.LABEL_OPTIONAL
+    for name, number, kind in (
+        ("trace_id", 1, _F.TYPE_BYTES),
+        ("span_id", 2, _F.TYPE_BYTES),
+        ("parent_span_id", 4, _F.TYPE_BYTES),
+        ("name", 5, _F.TYPE_STRING),
+        ("kind", 6, _F.TYPE_INT32),  # an enum on the wire is a varint; int32 keeps unknown values
+        ("start_time_unix_nano", 7, _F.TYPE_FIXED64),
+        ("end_time_unix_nano", 8, _F.TYPE_FIXED64),
+    ):
+        span.field.add(name=name, number=number, type=kind, label=optional)
+    span.field.add(
+        name="attributes",
+        number=9,
+        type=_F.TYPE_MESSAGE,
+        label=_F.LABEL_REPEATED,
+        type_name=".stepwatch.lean.LeanSpan.AttributesEntry",
+    )
+    span.field.add(
+        name="status",
+        number=15,
+        type=_F.TYPE_MESSAGE,
+        label=optional,
+        type_name=".opentelemetry.proto.trace.v1.Status",
+    )
+    spans = file.message_type.add(name="LeanSpans")
+    spans.field.add(
+        name="spans",
+        number=2,
+        type=_F.TYPE_MESSAGE,
+        label=_F.LABEL_REPEATED,
+        type_name=".stepwatch.lean.LeanSpan",
+    )
+    return file
+
+
+def _lean_spans_class() -> type:
+    pool = descriptor_pool.Default()
+    try:
+        descriptor = pool.FindMessageTypeByName("stepwatch.lean.LeanSpans")
+    except KeyError:
+        pool.Add(_lean_file())
+        descriptor = pool.FindMessageTypeByName("stepwatch.lean.LeanSpans")
+    return message_factory.GetMessageClass(descriptor)
+
+
+LeanSpans: Any = _lean_spans_class()
+"""A message whose field 2 is repeated spans, like ScopeSpans: payloads framed as `0x12 len span`."""
+
+_DOUBLE = struct.Struct("<d")
+
+
+def any_value_bytes(data: bytes) -> Any:
+    """An encoded AnyValue as a plain value, like `proto_value` of the parsed message.
+
+    Scalars written as one field (what every SDK sends) are read here; anything else (arrays,
+    kvlists, bytes, several fields where the last wins) goes through the parsed message.
+    """
+    if not data:
+        return None
+    tag = data[0]
+    if tag == 0x0A and len(data) > 1:  # string_value
+        size = data[1]
+        start = 2
+        if size >= 0x80:
+            size, start = read_varint(data, 1)
+        if start + size == len(data):
+            return data[start:].decode("utf-8")
+    elif tag == 0x18 or tag == 0x10:  # int_value, bool_value
+        value, end = read_varint(data, 1)
+        if end == len(data):
+            if tag == 0x10:
+                return value != 0
+            return value - (1 << 64) if value >= 1 << 63 else value
+    elif tag == 0x21 and len(data) == 9:  # double_value
+        return _DOUBLE.unpack_from(data, 1)[0]
+    return proto_value(AnyValue.FromString(data))
+
+
+def selected(attributes: Any, keys: frozenset[str], prefixes: tuple[str, ...]) -> dict[str, Any]:
+    """The selected entries of a LeanSpan's attribute map, converted; the rest stay encoded in C.
+
+    Iterating the map's keys costs about half of walking the KeyValue messages, and only the
+    selected values are ever turned into Python objects."""
+    return {
+        key: any_value_bytes(attributes[key]) for key in attributes if key in keys or key.startswith(prefixes)
+    }
+
+
+def decode_selected(
+    records: Sequence[SpanRecord], selection: AttributeSelection, full: set[int], max_attributes: int
+) -> list[Span]:
+    """Canonical Spans of buffered records (`seq` = buffer order) with the selected attributes only.
+
+    Spans whose index is in `full`, or with more than `max_attributes` attributes, are decoded whole
+    (in wire order, as the full decoder does) and their index added to `full`, so the caller can
+    apply the per-span limits to exactly what a full decode gives.
+    """
+    keys, prefixes = selection.keys, selection.prefixes
+    parts: list[bytes] = []
+    add = parts.append
+    for record in records:
+        payload = record[3]
+        add(b"\x12")
+        add(varint_bytes(len(payload)))
+        add(payload)
+    lean = LeanSpans.FromString(b"".join(parts)).spans
+    kinds, statuses = SPAN_KINDS, STATUS_CODES
+    select = selected
+    out: list[Span] = []
+    append = out.append
+    origin: Any = None
+    resource_attributes: dict[str, Any] = {}
+    scope_name = ""
+    for index, (span, record) in enumerate(zip(lean, records, strict=True)):
+        if record[4] is not origin:
+            origin = record[4]
+            if not isinstance(origin, Origin):
+                origin = Origin(*origin)
+            resource_attributes, scope_name = origin.resource_attributes, origin.scope_name
+            origin = record[4]
+        attributes = span.attributes
+        if index in full or len(attributes) > max_attributes:
+            full.add(index)
+            picked = proto_attributes(ProtoSpan.FromString(record[3]).attributes)
+        else:
+            picked = select(attributes, keys, prefixes)
+        parent = span.parent_span_id
+        kind = span.kind
+        status = span.status
+        code = status.code
+        append(
+            new_span(
+                {
+                    "trace_id": span.trace_id.hex(),
+                    "span_id": span.span_id.hex(),
+                    "parent_span_id": parent.hex() if parent else None,
+                    "name": span.name,
+                    "kind": kinds[kind] if 0 <= kind < len(kinds) else "UNSPECIFIED",
+                    "start_time_unix_nano": span.start_time_unix_nano or None,
+                    "end_time_unix_nano": span.end_time_unix_nano or None,
+                    "status_code": statuses[code] if 0 <= code < 3 else "UNSET",
+                    "status_message": status.message,
+                    "attributes": picked,
+                    "resource_attributes": resource_attributes,
+                    "scope_name": scope_name,
+                    "seq": index,
+                }
+            )
+        )
+    return out
