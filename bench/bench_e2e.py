@@ -8,8 +8,11 @@ server pinned to --server-core with taskset):
     (loadgen's spans_accepted / wall_s) and spans/s *accepted and scored* (spans scored / time from
     the first request to the last score), plus last-span-to-score latency p50/p99 from
     stepwatch_score_latency_seconds.
-Then, once each: latency at a light load, and memory per buffered span (RSS delta / buffered spans,
-with timeouts long enough that nothing closes) against the average encoded span size.
+    The steady-state rates (spans received and scored per second between scrapes at 40% and 90%
+    of the load) are the throughput figures; the whole-run rate also pays the final idle timeout.
+Then, once each: last-span-to-score latency under a paced load (64-span requests at a fixed rate:
+2,000 spans/s, and half the measured steady scored rate), and memory per buffered span (RSS delta /
+buffered spans, with timeouts long enough that nothing closes) against the average encoded span size.
 
 Prints one JSON line per measurement and a final summary line (medians, ratios).
 Usage: python bench/bench_e2e.py [--loadgen DIR] [--runs 3] [--duration 10]
@@ -209,7 +212,7 @@ class Bench:
         proc, grpc_port, metrics_port = self.start_serve(ROOTLESS_AS_IDLE)
         try:
             started = time.monotonic()
-            client = self.loadgen(f"127.0.0.1:{grpc_port}", ["--duration", str(self.args.duration)])
+            client, window = self.loadgen_with_window(f"127.0.0.1:{grpc_port}", metrics_port)
             load_start = started + float(client["encode_s"])  # sending starts once the pool is encoded
             samples, last_score = self.wait_scored(metrics_port)
         finally:
@@ -218,7 +221,10 @@ class Bench:
         return {
             "bench": "stepwatch",
             "accepted_spans_per_s": client["spans_per_s"],
+            # whole run: from the first request to the last score (includes the final idle timeout)
             "scored_spans_per_s": round(scored / (last_score - load_start), 1),
+            # steady state: spans received and scored per second between two scrapes while loaded
+            **window,
             "spans_scored": scored,
             "spans_accepted": client["spans_accepted"],
             # accepted - scored: late spans (counted, scored only as a revision) and other rejections
@@ -232,19 +238,86 @@ class Bench:
             "latency_p99_s": histogram_quantile(samples, "stepwatch_score_latency_seconds", 0.99),
         }
 
-    def serve_latency_light(self) -> dict[str, object]:
-        proc, grpc_port, metrics_port = self.start_serve({})
+    def loadgen_with_window(
+        self, target: str, metrics_port: int
+    ) -> tuple[dict[str, object], dict[str, float]]:
+        """Run the loadgen for --duration; scrape at 40% and 90% of it for the steady-state rates."""
+        argv = [
+            sys.executable, str(self.loadgen_dir / "otlp_loadgen.py"), "--target", target,
+            "--concurrency", str(self.args.concurrency), "--seed", str(self.args.seed),
+            "--duration", str(self.args.duration),
+        ]  # fmt: skip
+        proc = subprocess.Popen(pinned(self.args.client_core, argv), stdout=subprocess.PIPE, text=True)
+        window: dict[str, float] = {}
         try:
-            client = self.loadgen(
-                f"127.0.0.1:{grpc_port}", ["--traces", str(self.args.latency_traces)], concurrency=1
-            )
+            # the pool is encoded before sending starts; wait for the first accepted span
+            while (
+                proc.poll() is None
+                and metric_sum(scrape(metrics_port), "stepwatch_spans_received_total") == 0
+            ):
+                time.sleep(0.05)
+            first = time.monotonic()
+            marks = []
+            for fraction in (0.4, 0.9):
+                time.sleep(max(0.0, first + fraction * self.args.duration - time.monotonic()))
+                samples = scrape(metrics_port)
+                marks.append(
+                    (
+                        time.monotonic(),
+                        metric_sum(samples, "stepwatch_spans_received_total"),
+                        metric_sum(samples, "stepwatch_spans_scored_total"),
+                    )
+                )
+            (t0, received0, scored0), (t1, received1, scored1) = marks
+            window = {
+                "steady_received_spans_per_s": round((received1 - received0) / (t1 - t0), 1),
+                "steady_scored_spans_per_s": round((scored1 - scored0) / (t1 - t0), 1),
+            }
+        finally:
+            out, _ = proc.communicate(timeout=self.args.duration + 120)
+        if not out.strip():
+            raise SystemExit("loadgen failed")
+        return json.loads(out.splitlines()[-1]), window
+
+    def paced_batches(self, spans_per_request: int, traces: int) -> list[bytes]:
+        """Loadgen requests of `spans_per_request` spans, written once (--no-send --dump)."""
+        dump = self.tmp / f"paced-{spans_per_request}-{traces}"
+        if not dump.exists():
+            self.loadgen(
+                "127.0.0.1:1",
+                ["--traces", str(traces), "--no-send", "--dump", str(dump),
+                 "--spans-per-request", str(spans_per_request)],
+            )  # fmt: skip
+        return [p.read_bytes() for p in sorted(dump.glob("*.pb"))]
+
+    def serve_latency_paced(self, spans_per_s: float, seconds: float, label: str) -> dict[str, object]:
+        """Last-span-to-score latency while requests of 64 spans arrive at a steady rate."""
+        import grpc
+
+        per_request = 64
+        batches = self.paced_batches(per_request, int(spans_per_s * seconds / 15) + 50)
+        proc, grpc_port, metrics_port = self.start_serve(ROOTLESS_AS_IDLE)  # the last trace may be cut
+        sent = 0
+        try:
+            with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+                export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
+                interval = per_request / spans_per_s
+                start = time.monotonic()
+                for i, batch in enumerate(batches):
+                    due = start + i * interval
+                    if due - start > seconds:
+                        break
+                    time.sleep(max(0.0, due - time.monotonic()))
+                    export(batch, timeout=30)
+                    sent += 1
             samples, _ = self.wait_scored(metrics_port)
         finally:
             self.stop_serve(proc)
         return {
-            "bench": "stepwatch_latency_light",
-            "traces": self.args.latency_traces,
-            "spans_accepted": client["spans_accepted"],
+            "bench": f"stepwatch_latency_{label}",
+            "offered_spans_per_s": spans_per_s,
+            "requests": sent,
+            "partitions_scored": metric_sum(samples, "stepwatch_score_latency_seconds_count"),
             "trace_idle_timeout_s": 2.0,
             "latency_p50_s": histogram_quantile(samples, "stepwatch_score_latency_seconds", 0.5),
             "latency_p99_s": histogram_quantile(samples, "stepwatch_score_latency_seconds", 0.99),
@@ -291,7 +364,9 @@ def main() -> None:
     parser.add_argument("--server-core", type=int, default=1)
     parser.add_argument("--client-core", type=int, default=0)
     parser.add_argument("--memory-traces", type=int, default=10_000)
-    parser.add_argument("--latency-traces", type=int, default=1_000)
+    parser.add_argument(
+        "--latency-seconds", type=float, default=20.0, help="seconds of paced load per latency run"
+    )
     args = parser.parse_args()
     bench = Bench(args)
     bench.write_expectations()
@@ -302,8 +377,11 @@ def main() -> None:
             result = {**measure(), "run": run}
             rounds[key].append(result)
             print(json.dumps(result), flush=True)
-    light = bench.serve_latency_light()
+    steady = statistics.median(float(r["steady_scored_spans_per_s"]) for r in rounds["stepwatch"])
+    light = bench.serve_latency_paced(2_000, args.latency_seconds, "light")
     print(json.dumps(light), flush=True)
+    half = bench.serve_latency_paced(round(steady / 2, -2), args.latency_seconds, "half_capacity")
+    print(json.dumps(half), flush=True)
     memory = bench.serve_memory()
     print(json.dumps(memory), flush=True)
 
@@ -319,14 +397,21 @@ def main() -> None:
         "sink_walk_spans_per_s": walk,
         "stepwatch_accepted_spans_per_s": accepted,
         "stepwatch_scored_spans_per_s": scored,
+        "stepwatch_steady_received_spans_per_s": median("stepwatch", "steady_received_spans_per_s"),
+        "stepwatch_steady_scored_spans_per_s": steady,
+        "steady_scored_vs_walk": round(steady / walk, 3),
         "accepted_vs_walk": round(accepted / walk, 3),
         "scored_vs_walk": round(scored / walk, 3),
         "accepted_vs_count": round(accepted / count, 3),
         "spans_late_median": median("stepwatch", "spans_late"),
         "latency_under_load_p50_s": median("stepwatch", "latency_p50_s"),
         "latency_under_load_p99_s": median("stepwatch", "latency_p99_s"),
+        "latency_light_spans_per_s": light["offered_spans_per_s"],
         "latency_light_p50_s": light["latency_p50_s"],
         "latency_light_p99_s": light["latency_p99_s"],
+        "latency_half_capacity_spans_per_s": half["offered_spans_per_s"],
+        "latency_half_capacity_p50_s": half["latency_p50_s"],
+        "latency_half_capacity_p99_s": half["latency_p99_s"],
         "bytes_per_buffered_span": memory["bytes_per_buffered_span"],
         "overhead_bytes_per_span": memory["overhead_bytes_per_span"],
     }
