@@ -10,6 +10,7 @@ kvlists become dicts, bytes become base64 strings).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -87,7 +88,10 @@ class Step:
         return step_key(self.name, self.kind)
 
 
+@lru_cache(maxsize=4096)
 def normalise_tool_name(name: str) -> str:
+    """Case-folded, `-`/`_` stripped. Cached: every step and expected name is normalised several
+    times per partition, from a small vocabulary of tool names."""
     return name.lower().replace("-", "").replace("_", "")
 
 

@@ -16,10 +16,12 @@ partition scores the same whichever way it arrived.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import FunctionType, MethodType
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -140,7 +142,21 @@ def reads_span_attributes(scorer: Scorer) -> bool:
 
 
 def is_async_scorer(scorer: Scorer) -> bool:
-    return inspect.iscoroutinefunction(scorer.score)
+    """Whether `scorer.score` is a coroutine function.
+
+    The service asks three times per scorer per partition, and the registry makes fresh scorer
+    instances each time, so the answer is cached per underlying function (a bound method's
+    `__func__`); other callables (partials, callable objects) are inspected each time.
+    """
+    score = scorer.score
+    if type(score) is MethodType and type(score.__func__) is FunctionType:
+        return _is_coroutine_function(score.__func__)
+    return inspect.iscoroutinefunction(score)
+
+
+@functools.lru_cache(maxsize=256)
+def _is_coroutine_function(function: FunctionType) -> bool:
+    return inspect.iscoroutinefunction(function)
 
 
 def _uses_expected_steps(scorer: Scorer) -> bool:
