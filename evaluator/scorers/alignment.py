@@ -27,6 +27,12 @@ considers every `k <= j` exactly, in O(g * m) numpy work instead of O(m^2):
   come from sparse tables, queried for every `j` at once.
 
 Cost per group row is O(g * m) numpy work plus an O(m) Python pass to collect breakpoints.
+
+Group-free expectations take cheaper routes that give the same alignment: an observed sequence
+that matches position by position is distance 0 with one match per step (what the traceback
+yields), and up to PYTHON_ROW_MAX observed steps the same bare-row recurrence runs in pure Python,
+where numpy's per-call overhead would dominate. tests/evaluator/test_alignment_fast_paths.py holds
+both against the numpy rows.
 """
 
 from __future__ import annotations
@@ -43,6 +49,9 @@ from ..expectation import ExpectedStep
 from ..model import Step, normalise_tool_name
 
 Op = Literal["match", "substitute", "insert", "delete"]
+
+PYTHON_ROW_MAX = 48
+"""Observed steps up to which a group-free alignment runs in pure Python instead of numpy."""
 
 DEFAULT_MAX_CELLS = 25_000_000
 """DP cells (expected tokens + 1) * (observed steps + 1) allowed per alignment: bounds memory (~50-100 MB)."""
@@ -100,15 +109,72 @@ def align(
         raise AlignmentTooLarge(
             f"{n} expected x {m} observed steps exceed the alignment budget of {max_cells} cells"
         )
+    bare = not any(isinstance(token, list) for token in expected)
+    if bare and _exact(expected, observed):  # type: ignore[arg-type]  # no groups
+        return _exact_alignment(expected, observed)  # type: ignore[arg-type]
     vocab: dict[_Key, int] = {}
     obs_list = [vocab.setdefault(_observed_key(s), len(vocab)) for s in observed]
+    rows: Sequence[Sequence[int]]
+    window_starts: dict[int, np.ndarray] = {}
+    if bare and m <= PYTHON_ROW_MAX:
+        rows = _bare_rows(expected, obs_list, vocab)  # type: ignore[arg-type]  # no groups
+    else:
+        rows = _numpy_rows(expected, obs_list, vocab, window_starts)
+    steps = _traceback(expected, observed, rows, window_starts)
+    return Alignment(distance=int(rows[-1][m]), steps=steps)
+
+
+def _exact(expected: Sequence[str], observed: Sequence[Step]) -> bool:
+    """Whether every observed step matches the expected name at its position (distance 0)."""
+    return len(expected) == len(observed) and all(map(names_match, expected, observed))
+
+
+def _exact_alignment(expected: Sequence[str], observed: Sequence[Step]) -> Alignment:
+    """What the traceback yields for an exact run: one match per position, distance 0."""
+    steps = [
+        AlignedStep("match", token, step.name, j)
+        for j, (token, step) in enumerate(zip(expected, observed, strict=True))
+    ]
+    return Alignment(distance=0, steps=steps)
+
+
+def _bare_rows(expected: Sequence[str], obs: Sequence[int], vocab: dict[_Key, int]) -> list[list[int]]:
+    """The DP rows of a group-free expectation in pure Python: the same Levenshtein recurrence as
+    the numpy bare row, cheaper for short rows where numpy's per-call overhead dominates."""
+    prev = list(range(len(obs) + 1))
+    rows = [prev]
+    for token in expected:
+        same = {vocab.get(("T", normalise_tool_name(token)), -1), vocab.get(("A", token), -1)}
+        left = prev[0] + 1
+        row = [left]
+        for j, sid in enumerate(obs):
+            best = prev[j] if sid in same else prev[j] + 1
+            up = prev[j + 1] + 1
+            if up < best:
+                best = up
+            if left + 1 < best:
+                best = left + 1
+            left = best
+            row.append(best)
+        rows.append(row)
+        prev = row
+    return rows
+
+
+def _numpy_rows(
+    expected: Sequence[ExpectedStep],
+    obs_list: list[int],
+    vocab: dict[_Key, int],
+    window_starts: dict[int, np.ndarray],
+) -> list[np.ndarray]:
+    """The DP rows, vectorised; fills `window_starts` with each group row's window starts."""
+    m = len(obs_list)
     obs = np.asarray(obs_list, dtype=np.int32)
     total = sum(len(t) if isinstance(t, list) else 1 for t in expected)
     dtype = np.int16 if total + m < 30_000 else np.int32
     cols = np.arange(m + 1, dtype=dtype)
 
     rows: list[np.ndarray] = [cols.copy()]
-    window_starts: dict[int, np.ndarray] = {}
     mismatch_cache: dict[tuple[int, int], np.ndarray] = {}
     for i, token in enumerate(expected):
         prev = rows[-1]
@@ -126,9 +192,7 @@ def align(
             np.minimum(prev[1:] + 1, prev[:-1] + cost, out=a[1:])
             row = np.minimum.accumulate(a - cols) + cols
         rows.append(row)
-
-    steps = _traceback(expected, observed, rows, window_starts)
-    return Alignment(distance=int(rows[-1][m]), steps=steps)
+    return rows
 
 
 def _sparse_argmin(values: np.ndarray) -> np.ndarray:
@@ -274,7 +338,9 @@ def claim_window(group: Sequence[str], window: Sequence[Step]) -> list[int | Non
     return claimed
 
 
-def _group_entries(group: Sequence[str], gi: int, observed: Sequence[Step], k: int, j: int) -> list[AlignedStep]:
+def _group_entries(
+    group: Sequence[str], gi: int, observed: Sequence[Step], k: int, j: int
+) -> list[AlignedStep]:
     """Rule 7 expansion: match per claimed step, substitute per paired miss/extra, then leftovers."""
     window = observed[k:j]
     claimed = claim_window(group, window)
@@ -296,7 +362,7 @@ def _group_entries(group: Sequence[str], gi: int, observed: Sequence[Step], k: i
 def _traceback(
     expected: Sequence[ExpectedStep],
     observed: Sequence[Step],
-    rows: list[np.ndarray],
+    rows: Sequence[Sequence[int]],
     window_starts: dict[int, np.ndarray],
 ) -> list[AlignedStep]:
     out: list[AlignedStep] = []
@@ -312,9 +378,7 @@ def _traceback(
         if j > 0:
             same = names_match(token, observed[j - 1])
             if here == int(rows[i - 1][j - 1]) + (0 if same else 1):
-                out.append(
-                    AlignedStep("match" if same else "substitute", token, observed[j - 1].name, j - 1)
-                )
+                out.append(AlignedStep("match" if same else "substitute", token, observed[j - 1].name, j - 1))
                 i, j = i - 1, j - 1
                 continue
         if here == int(rows[i - 1][j]) + 1:

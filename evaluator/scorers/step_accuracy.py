@@ -137,13 +137,7 @@ class StepAccuracyScorer:
             else DEFAULT_THRESHOLD
         )
         ignore = expectation.ignore_steps if expectation is not None else []
-        kept: list[Step] = []
-        ignored: list[str] = []
-        for step in inp.steps:
-            if any(names_match(name, step) for name in ignore):
-                ignored.append(step.name)
-            else:
-                kept.append(step)
+        kept, ignored = _without_ignored(inp.steps, ignore) if ignore else (inp.steps, [])
         try:
             value, metadata = step_accuracy(kept, inp.expected_steps or [], inp.scoring_method)
         except StepAccuracyError as exc:
@@ -162,6 +156,18 @@ class StepAccuracyScorer:
             explanation=_explain(metadata),
             metadata=metadata,
         )
+
+
+def _without_ignored(steps: Sequence[Step], ignore: Sequence[str]) -> tuple[list[Step], list[str]]:
+    """(steps kept, names of the steps `ignore_steps` dropped)."""
+    kept: list[Step] = []
+    ignored: list[str] = []
+    for step in steps:
+        if any(names_match(name, step) for name in ignore):
+            ignored.append(step.name)
+        else:
+            kept.append(step)
+    return kept, ignored
 
 
 def _explain(metadata: dict[str, Any]) -> str:
