@@ -26,6 +26,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from .model import Partition, Span, Step, StepKind, normalise_tool_name
@@ -127,29 +128,44 @@ def embedded_tool_calls(span: Span) -> list[EmbeddedCall]:
     """Tool calls an LLM span's output issued, in (message N, call M) order."""
     attributes = span.attributes
     calls: list[EmbeddedCall] = []
-    found: dict[tuple[int, int], dict[str, Any]] = {}
-    for key, value in attributes.items():
-        if key.startswith("llm.output_messages.") and "tool_calls" in key:
-            match = _OI_TOOL_CALL.match(key)
-            if match:
-                found.setdefault((int(match[1]), int(match[2])), {})[match[3]] = value
-    for (n, m), fields in sorted(found.items()):
-        name = fields.get("function.name")
-        if name:
-            call_id = fields.get("id")
-            calls.append(
-                EmbeddedCall(
-                    str(name),
-                    unwrap_json(fields.get("function.arguments")),
-                    str(call_id) if call_id else None,
-                    n,
-                    m,
+    fields_by_key = _oi_tool_call_fields(tuple(attributes))
+    if fields_by_key:
+        found: dict[tuple[int, int], dict[str, Any]] = {}
+        for key, n, m, field in fields_by_key:
+            found.setdefault((n, m), {})[field] = attributes[key]
+        for (n, m), fields in sorted(found.items()):
+            name = fields.get("function.name")
+            if name:
+                call_id = fields.get("id")
+                calls.append(
+                    EmbeddedCall(
+                        str(name),
+                        unwrap_json(fields.get("function.arguments")),
+                        str(call_id) if call_id else None,
+                        n,
+                        m,
+                    )
                 )
-            )
     messages = attributes.get(GENAI_OUTPUT_MESSAGES)
     if messages is not None:
         calls.extend(_genai_tool_calls(messages))
     return calls
+
+
+@lru_cache(maxsize=1024)
+def _oi_tool_call_fields(keys: tuple[str, ...]) -> tuple[tuple[str, int, int, str], ...]:
+    """(key, N, M, field) for each OpenInference tool-call key among a span's attribute keys.
+
+    Cached by the whole key tuple: spans of one instrumentation repeat a handful of key sets, so
+    most spans cost one lookup instead of a prefix test (and a regex) per attribute.
+    """
+    out = []
+    for key in keys:
+        if key.startswith("llm.output_messages.") and "tool_calls" in key:
+            match = _OI_TOOL_CALL.match(key)
+            if match:
+                out.append((key, int(match[1]), int(match[2]), match[3]))
+    return tuple(out)
 
 
 def _genai_tool_calls(messages: Any) -> list[EmbeddedCall]:

@@ -1,0 +1,167 @@
+"""The score stage's cheaper paths give exactly what the plain code gives.
+
+- `new_trajectory_step` builds the same TrajectoryStep as `model_construct`;
+- `embedded_tool_calls`, with OpenInference keys parsed once per key set, equals a plain per-key scan;
+- `is_async_scorer`, cached per function, agrees with inspect for every kind of `score` callable;
+- `normalise_tool_name` (cached) and the token counter's int fast path equal their plain versions.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+from typing import Any
+
+import pytest
+
+from stepwatch.evaluator.model import Span, normalise_tool_name
+from stepwatch.evaluator.pipeline import is_async_scorer
+from stepwatch.evaluator.results import ScoreResult
+from stepwatch.evaluator.steps import EmbeddedCall, embedded_tool_calls, unwrap_json
+from stepwatch.evaluator.trajectory import TrajectoryStep
+from stepwatch.evaluator.trajectory_build import _count, new_trajectory_step
+
+_OI = re.compile(
+    r"^llm\.output_messages\.(\d+)\.message\.tool_calls\.(\d+)\.tool_call\."
+    r"(function\.name|function\.arguments|id)$"
+)
+
+
+def reference_oi_calls(attributes: dict[str, Any]) -> list[EmbeddedCall]:
+    """The per-key scan embedded_tool_calls did before its key-set cache (OpenInference part)."""
+    found: dict[tuple[int, int], dict[str, Any]] = {}
+    for key, value in attributes.items():
+        if key.startswith("llm.output_messages.") and "tool_calls" in key:
+            match = _OI.match(key)
+            if match:
+                found.setdefault((int(match[1]), int(match[2])), {})[match[3]] = value
+    calls = []
+    for (n, m), fields in sorted(found.items()):
+        name = fields.get("function.name")
+        if name:
+            call_id = fields.get("id")
+            calls.append(
+                EmbeddedCall(
+                    str(name),
+                    unwrap_json(fields.get("function.arguments")),
+                    str(call_id) if call_id else None,
+                    n,
+                    m,
+                )
+            )
+    return calls
+
+
+def oi(n: int | str, m: int | str, field: str) -> str:
+    return f"llm.output_messages.{n}.message.tool_calls.{m}.tool_call.{field}"
+
+
+ATTRIBUTE_SETS: list[dict[str, Any]] = [
+    {},
+    {"input.value": "x", "openinference.span.kind": "LLM"},
+    {oi(0, 0, "function.name"): "search", oi(0, 0, "function.arguments"): '{"q": 1}', oi(0, 0, "id"): "c1"},
+    {oi(1, 0, "function.name"): "b", oi(0, 1, "function.name"): "a", oi(0, 0, "function.name"): ""},
+    {oi(0, 0, "function.name"): "first", oi("00", 0, "function.name"): "second"},  # same (n, m): last wins
+    {oi("00", 0, "function.name"): "second", oi(0, 0, "function.name"): "first"},
+    {oi(0, 0, "function.name"): "x", "llm.output_messages.0.message.tool_calls.0.tool_call.extra": 1},
+    {"llm.output_messages.0.message.content": "tool_calls", oi(2, 3, "id"): "only an id"},
+]
+
+
+@pytest.mark.parametrize("attributes", ATTRIBUTE_SETS)
+def test_embedded_tool_calls_equal_a_per_key_scan(attributes: dict[str, Any]) -> None:
+    for round_ in range(2):  # the second pass hits the key-set cache, with other values
+        values = {
+            key: (f"{value}-{round_}" if isinstance(value, str) and value else value)
+            for key, value in attributes.items()
+        }
+        span = Span(trace_id="ab" * 16, span_id="cd" * 8, name="llm", attributes=values)
+        assert embedded_tool_calls(span) == reference_oi_calls(values)
+
+
+@pytest.mark.parametrize(
+    ("tool", "step_input", "step_output"), [("a", None, None), ("b", {"q": [1]}, "text")]
+)
+def test_new_trajectory_step_equals_model_construct(tool: str, step_input: Any, step_output: Any) -> None:
+    fast = new_trajectory_step(tool, step_input, step_output)
+    slow = TrajectoryStep.model_construct(tool=tool, input=step_input, output=step_output)
+    assert fast == slow
+    assert fast.model_dump() == slow.model_dump()
+    assert fast.model_dump_json() == slow.model_dump_json()
+    assert fast.model_fields_set == slow.model_fields_set
+    assert fast.model_extra == slow.model_extra
+    assert fast.model_copy(update={"tool": "z"}) == slow.model_copy(update={"tool": "z"})
+    assert fast.model_fields_set == {"tool", "input", "output"}  # the copy's update left it alone
+
+
+class Sync:
+    name = "sync"
+
+    def score(self, inp: Any) -> ScoreResult:
+        return ScoreResult(metric=self.name)
+
+
+class Async:
+    name = "async"
+
+    async def score(self, inp: Any) -> ScoreResult:
+        return ScoreResult(metric=self.name)
+
+
+class CallableScore:
+    async def __call__(self, inp: Any) -> ScoreResult:
+        return ScoreResult(metric="c")
+
+
+class Attribute:
+    """`score` set per instance: no method, so no cache."""
+
+    name = "attribute"
+
+    def __init__(self, score: Any):
+        self.score = score
+
+
+async def _async_function(inp: Any) -> ScoreResult:
+    return ScoreResult(metric="f")
+
+
+@pytest.mark.parametrize(
+    "scorer",
+    [
+        Sync(),
+        Async(),
+        Attribute(_async_function),
+        Attribute(lambda inp: None),
+        Attribute(functools.partial(_async_function)),
+        Attribute(CallableScore()),
+        Attribute(Async().score),
+    ],
+)
+def test_is_async_scorer_agrees_with_inspect(scorer: Any) -> None:
+    for _ in range(2):
+        assert is_async_scorer(scorer) is inspect.iscoroutinefunction(scorer.score)
+
+
+def test_cached_normalise_tool_name_equals_plain() -> None:
+    for name in ["search_KB", "search-kb", "SearchKb", "", "a_b-c_D", "ÄÖ_ü"]:
+        assert normalise_tool_name(name) == normalise_tool_name.__wrapped__(name)
+
+
+def _plain_count(value: Any) -> int:
+    if isinstance(value, bool) or value is None:
+        return 0
+    if isinstance(value, int):
+        return max(value, 0)
+    if isinstance(value, float) and value.is_integer():
+        return max(int(value), 0)
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return 0
+
+
+@pytest.mark.parametrize("value", [None, True, False, 0, 1, -5, 10**20, 3.0, -2.0, 2.5, "12", "-1", "x", [1]])
+def test_token_count_fast_path_equals_plain(value: Any) -> None:
+    got, want = _count(value), _plain_count(value)
+    assert got == want and type(got) is type(want)
