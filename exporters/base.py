@@ -62,6 +62,14 @@ class ScoreExporter(Protocol):
         """Flush and release; idempotent."""
 
 
+def carries_content(exporter: object) -> bool:
+    """Whether step content (inputs, outputs, prompts in result metadata) can leave through
+    `exporter`. One that emits only labels and numbers declares `carries_content = False` so the
+    privacy wrapper need not strip what it never reads; undeclared exporters are assumed to carry
+    content, so a new sink is stripped until it says otherwise."""
+    return bool(getattr(exporter, "carries_content", True))
+
+
 class FanOutExporter:
     """Delivers every event to every exporter through one bounded queue per exporter."""
 

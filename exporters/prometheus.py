@@ -11,7 +11,7 @@ loses its score series and frees its label slot (docs/metrics.md, "Task keys and
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import math
 import ssl
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -30,10 +30,26 @@ from .base import PartitionScores
 from .buckets import SCORE_BUCKETS
 
 UNREGISTERED = "unregistered"
-LATENCY_BUCKETS = (
-    0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.05, 2.1, 2.25, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0, 120.0,
+GENERIC_LATENCY_BUCKETS: tuple[float, ...] = (
+    0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0, 120.0,
 )  # fmt: skip
-"""Fine around the default trace_idle_timeout (2 s), where last-span-to-score latency sits."""
+"""Latency bounds independent of the configuration."""
+TIMEOUT_OFFSETS: tuple[float, ...] = (0.0, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.5, 1.0, 2.5, 5.0)
+"""Bounds added just above each idle timeout: a partition is scored one timeout after its last span,
+so latency piles up there, and p99 must be readable against `timeout + 250 ms`."""
+
+
+def latency_buckets(*timeouts: float) -> tuple[float, ...]:
+    """`stepwatch_score_latency_seconds` bounds: the generic ones plus `t + offset` for each idle
+    timeout `t`, sorted and de-duplicated (rounded to the microsecond so `le` values print short)."""
+    if any(not math.isfinite(t) or t < 0 for t in timeouts):
+        raise ValueError(f"idle timeouts must be finite and >= 0, got {timeouts}")
+    fine = (round(t + offset, 6) for t in timeouts for offset in TIMEOUT_OFFSETS)
+    return tuple(sorted({*GENERIC_LATENCY_BUCKETS, *fine}))
+
+
+LATENCY_BUCKETS = latency_buckets(2.0, 30.0)
+"""The bounds for the default trace and session idle timeouts (2 s, 30 s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +151,9 @@ class PrometheusExporter:
     """Score metrics from PartitionScores, plus the service's ingest metrics, in one own registry."""
 
     name = "prometheus"
+    carries_content = False
+    """Only metric names, task keys, partition types, tenants and numbers leave through /metrics, so
+    PrivateSink hands events over without stripping step content from them (base.carries_content)."""
 
     def __init__(
         self,
@@ -142,18 +161,26 @@ class PrometheusExporter:
         registered: Callable[[str], bool],
         clock: Callable[[], float] = time.monotonic,
         tenant_label: bool = False,
+        *,
+        trace_idle_timeout: float = 2.0,
+        session_idle_timeout: float = 30.0,
     ) -> None:
         """`tenant_label`: score metrics also carry `tenant` (from the event's attributes); only
-        when tenancy is on, so single-tenant dashboards and rules keep their label set."""
+        when tenancy is on, so single-tenant dashboards and rules keep their label set.
+        `trace_idle_timeout`, `session_idle_timeout`: the buffer's, so the latency histogram has
+        fine buckets where partitions are scored (latency_buckets)."""
         self.registry = CollectorRegistry()
         self._max_task_keys = max_task_keys
         self._registered = registered
         self._clock = clock
         self._tenant_label = tenant_label
         self._task_labels: set[str] = set()
-        self._series: dict[str, set[tuple[str, ...]]] = {}
-        """`stepwatch_evaluations_total` label values exported per registered task key (the other
-        score families use the same values without `outcome`), so a removed key can be dropped."""
+        self._counted: dict[tuple[str, ...], Any] = {}
+        """`stepwatch_evaluations_total` children by label values (outcome last): labels() costs
+        far more than inc(), and this is every child that family has, so a removed key is found here."""
+        self._scored: dict[tuple[str, ...], tuple[Any, Any]] = {}
+        """(`stepwatch_evaluation_last_score`, `stepwatch_evaluation_score`) children by label values;
+        only for label sets that had a score, as before (labels() alone would expose an empty series)."""
         labels = ["metric", "task_key", "partition_type", *(["tenant"] if tenant_label else [])]
         self.last_score = Gauge(
             "stepwatch_evaluation_last_score", "The latest score.", labels, registry=self.registry
@@ -164,10 +191,11 @@ class PrometheusExporter:
         self.evaluations = Counter(
             "stepwatch_evaluations", "Evaluations by outcome.", [*labels, "outcome"], registry=self.registry
         )
+        self.latency_buckets = latency_buckets(trace_idle_timeout, session_idle_timeout)
         self.score_latency = Histogram(
             "stepwatch_score_latency_seconds",
             "Last span arrival to score emitted.",
-            buckets=LATENCY_BUCKETS,
+            buckets=self.latency_buckets,
             registry=self.registry,
         )
         self.reloads = Counter(
@@ -215,36 +243,49 @@ class PrometheusExporter:
         A last-score gauge for a task that no longer exists would otherwise report (and alert on)
         a stale score forever; its counter and histogram go too, so churn in the expectations file
         cannot grow label cardinality past `max_task_keys`. Prometheus marks the series stale;
-        rate()/increase() over their past samples stay correct. Returns the keys dropped."""
-        gone = sorted(key for key in self._task_labels if not self._registered(key))
-        for key in gone:
-            self._task_labels.discard(key)
-            counted = self._series.pop(key, set())
-            for labels in counted:
-                self.evaluations.remove(*labels)
-            for labels in {labels[:-1] for labels in counted}:
-                for family in (self.last_score, self.score):
-                    with contextlib.suppress(KeyError):  # no series when every result was unscored
-                        family.remove(*labels)
-        return gone
+        rate()/increase() over their past samples stay correct. The cached children go with their
+        series, so a key registered again starts from zero. Returns the keys dropped."""
+        gone = {key for key in self._task_labels if not self._registered(key)}
+        if not gone:
+            return []
+        self._task_labels -= gone
+        gone_labels = gone - {UNREGISTERED}  # a key named like the shared value keeps that value's series
+        for key in [key for key in self._counted if key[1] in gone_labels]:
+            del self._counted[key]
+            self.evaluations.remove(*key)
+        for key in [key for key in self._scored if key[1] in gone_labels]:
+            del self._scored[key]
+            self.last_score.remove(*key)
+            self.score.remove(*key)
+        return sorted(gone)
 
     async def start(self) -> None:
         return None
 
     async def export(self, events: Sequence[PartitionScores]) -> None:
         now = self._clock()
+        counted, scored = self._counted, self._scored
         for event in events:
             task = self.task_label(event.task_key if event.registered else None)
             tenant = (event.attributes.get("tenant", "default"),) if self._tenant_label else ()
-            series = self._series.setdefault(task, set()) if task != UNREGISTERED else None
+            partition_type = event.partition_type
             for result in event.results:
-                labels = (result.metric, task, event.partition_type, *tenant)
-                if series is not None:
-                    series.add((*labels, result.outcome))
-                self.evaluations.labels(*labels, result.outcome).inc()
-                if result.score is not None:
-                    self.last_score.labels(*labels).set(result.score)
-                    self.score.labels(*labels).observe(result.score)
+                labels = (result.metric, task, partition_type, *tenant)
+                key = (*labels, result.outcome)
+                counter = counted.get(key)
+                if counter is None:
+                    counter = counted[key] = self.evaluations.labels(*key)
+                counter.inc()
+                score = result.score
+                if score is not None:
+                    children = scored.get(labels)
+                    if children is None:
+                        children = scored[labels] = (
+                            self.last_score.labels(*labels),
+                            self.score.labels(*labels),
+                        )
+                    children[0].set(score)
+                    children[1].observe(score)
             if event.last_span_monotonic:
                 self.score_latency.observe(max(0.0, now - event.last_span_monotonic))
 

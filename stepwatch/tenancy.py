@@ -21,6 +21,7 @@ from stepwatch.evaluator.model import Span
 from stepwatch.evaluator.pipeline import STEP_ACCURACY, AttributeSelection
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.evaluator.scorers.base import Scorer, ScoringInput
+from stepwatch.exporters.base import carries_content as declares_content
 from stepwatch.receiver.records import decode_records, decode_records_for_limits
 from stepwatch.security.auth import AuthConfigError
 from stepwatch.security.config import DEFAULT_TENANT_NAME, LimitsConfig, SecurityConfig
@@ -239,17 +240,30 @@ def tenant_of(attributes: dict[str, Any]) -> str:
 
 class PrivateSink:
     """A ScoreExporter wrapper that strips step content (inputs, outputs, prompts) from result
-    metadata before the inner exporter sees it, unless the event's tenant has include_content on."""
+    metadata before the inner exporter sees it, unless the event's tenant has include_content on.
+
+    An inner exporter that declares it carries no content (`carries_content = False`, e.g.
+    Prometheus) gets the events as they are: it never reads metadata, and stripping every event
+    for it was most of its export cost."""
 
     def __init__(self, inner: Any, include_content: Callable[[str], bool]) -> None:
         self.inner = inner
         self.name = inner.name
         self._include = include_content
+        self._strips = declares_content(inner)
+
+    @property
+    def carries_content(self) -> bool:
+        """Forwarded, so wrapping twice still skips the strip for a content-free exporter."""
+        return self._strips
 
     async def start(self) -> None:
         await self.inner.start()
 
     async def export(self, events: Sequence[Any]) -> None:
+        if not self._strips:
+            await self.inner.export(list(events))
+            return
         await self.inner.export([self._strip(event) for event in events])
 
     @property
@@ -260,6 +274,9 @@ class PrivateSink:
     async def export_tracked(self, events: Sequence[Any], handled: Callable[[Sequence[Any]], None]) -> None:
         """export() for a `defers_handled` inner exporter; `handled` gets the caller's events back
         (the delivery tracker knows them, not the stripped copies)."""
+        if not self._strips:
+            await self.inner.export_tracked(list(events), handled)
+            return
         stripped = [self._strip(event) for event in events]
         originals = {id(copy): event for copy, event in zip(stripped, events, strict=True)}
 
@@ -269,15 +286,24 @@ class PrivateSink:
         await self.inner.export_tracked(stripped, done)
 
     def _strip(self, event: Any) -> Any:
+        """The event without content; the event itself when its tenant allows content or none of
+        its results' metadata holds any."""
         if self._include(tenant_of(event.attributes)):
+            return event
+        results = tuple(_strip_result(r) for r in event.results)
+        if all(new is old for new, old in zip(results, event.results, strict=True)):
             return event
         from dataclasses import replace
 
-        results = tuple(
-            r.model_copy(update={"metadata": strip_content(r.metadata, False)}) if r.metadata else r
-            for r in event.results
-        )
         return replace(event, results=results)
 
     async def shutdown(self) -> None:
         await self.inner.shutdown()
+
+
+def _strip_result(result: ScoreResult) -> ScoreResult:
+    """The result with content removed from its metadata (itself when there is none to remove)."""
+    if not result.metadata:
+        return result
+    metadata = strip_content(result.metadata, False)
+    return result if metadata is result.metadata else result.model_copy(update={"metadata": metadata})

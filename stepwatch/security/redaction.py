@@ -87,13 +87,35 @@ class Redactor:
 
 
 def strip_content(value: Any, include_content: bool) -> Any:
-    """Score metadata / event payload with content-bearing keys removed unless content is allowed."""
-    if include_content:
+    """Score metadata / event payload with content-bearing keys removed unless content is allowed.
+
+    `value` itself when there is nothing to remove: most metadata carries no content, and copying
+    it for every result of every event was most of what stripping cost. Callers must not mutate
+    the result (it may be shared), as with `include_content`."""
+    if include_content or not has_content(value):
         return value
+    return _without_content(value)
+
+
+def has_content(value: Any) -> bool:
+    """Whether a dict anywhere in `value` (through dicts and lists) has a CONTENT_KEYS key."""
     if isinstance(value, dict):
-        return {k: strip_content(v, False) for k, v in value.items() if k not in CONTENT_KEYS}
+        if not CONTENT_KEYS.isdisjoint(value):
+            return True
+        items: Iterable[Any] = value.values()
+    elif isinstance(value, list):
+        items = value
+    else:
+        return False
+    return any(isinstance(item, (dict, list)) and has_content(item) for item in items)
+
+
+def _without_content(value: Any) -> Any:
+    """A copy of `value` with every CONTENT_KEYS entry removed at any nesting level."""
+    if isinstance(value, dict):
+        return {k: _without_content(v) for k, v in value.items() if k not in CONTENT_KEYS}
     if isinstance(value, list):
-        return [strip_content(v, False) for v in value]
+        return [_without_content(v) for v in value]
     return value
 
 

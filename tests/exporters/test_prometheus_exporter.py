@@ -1,13 +1,24 @@
 """The Prometheus score families and hot reloads: a task key removed from the expectations loses its
-series (last score, histogram, counter) and its label slot; keys still registered keep theirs."""
+series (last score, histogram, counter) and its label slot; keys still registered keep theirs. The
+exporter caches its metric children, so these tests also pin that a dropped series is never fed
+again through a stale child; and the latency histogram's buckets follow the idle timeouts."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
 from prometheus_client import generate_latest
 
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.exporters.base import PartitionScores
-from stepwatch.exporters.prometheus import UNREGISTERED, PrometheusExporter
+from stepwatch.exporters.prometheus import (
+    GENERIC_LATENCY_BUCKETS,
+    LATENCY_BUCKETS,
+    UNREGISTERED,
+    PrometheusExporter,
+    latency_buckets,
+)
 
 
 def scores(task_key: str, *results: ScoreResult, partition_id: str = "p") -> PartitionScores:
@@ -70,3 +81,94 @@ async def test_a_rejected_reload_keeps_every_series() -> None:
     registered.clear()  # not consulted: an invalid edit leaves the last good expectations in use
     exporter.expectations_reloaded(False)
     assert task_keys(exporter) == {"refund"}
+
+
+STEP = ScoreResult(metric="agent.step_accuracy", score=0.5, passed=False)
+LABELS = {"metric": "agent.step_accuracy", "partition_type": "trace"}
+
+
+def fails(exporter: PrometheusExporter, task_key: str) -> float | None:
+    return exporter.registry.get_sample_value(
+        "stepwatch_evaluations_total", {**LABELS, "task_key": task_key, "outcome": "fail"}
+    )
+
+
+async def test_a_key_registered_again_after_a_reload_starts_from_zero() -> None:
+    """A cached child of a removed series must go with it: reused, it would count into a series
+    /metrics no longer shows, and the key would never reappear."""
+    registered = {"refund"}
+    exporter = PrometheusExporter(max_task_keys=10, registered=registered.__contains__)
+    await exporter.export([scores("refund", STEP), scores("refund", STEP)])
+    assert fails(exporter, "refund") == 2.0
+
+    registered.clear()
+    exporter.expectations_reloaded(True)
+    assert fails(exporter, "refund") is None
+    registered.add("refund")
+    exporter.expectations_reloaded(True)
+    await exporter.export([scores("refund", STEP)])
+    sample = exporter.registry.get_sample_value
+    assert fails(exporter, "refund") == 1.0
+    assert sample("stepwatch_evaluation_score_count", {**LABELS, "task_key": "refund"}) == 1.0
+    assert sample("stepwatch_evaluation_last_score", {**LABELS, "task_key": "refund"}) == 0.5
+
+
+async def test_the_task_key_cap_bounds_cached_children_through_churn() -> None:
+    """Keys over the cap share `unregistered`; each reload frees the removed key's slot and its
+    cached children, so a file that keeps renaming its task never grows the series or the cache."""
+    registered = {"k0"}
+    exporter = PrometheusExporter(max_task_keys=1, registered=registered.__contains__)
+    for i in range(1, 30):
+        registered.add(f"k{i}")
+        await exporter.export([scores(f"k{i - 1}", STEP), scores(f"k{i}", STEP)])  # k{i}: over the cap
+        assert task_keys(exporter) == {f"k{i - 1}", UNREGISTERED}
+        assert fails(exporter, UNREGISTERED) == float(i)
+        registered.discard(f"k{i - 1}")
+        exporter.expectations_reloaded(True)
+        assert task_keys(exporter) == {UNREGISTERED}
+        assert len(exporter._counted) == 1 and len(exporter._scored) == 1  # the unregistered series only
+    await exporter.export([scores("k29", STEP)])
+    assert fails(exporter, "k29") == 1.0
+
+
+async def test_a_registered_key_named_like_the_shared_value_keeps_the_shared_series() -> None:
+    registered = {UNREGISTERED}
+    exporter = PrometheusExporter(max_task_keys=10, registered=registered.__contains__)
+    await exporter.export([scores(UNREGISTERED, STEP), scores("other", STEP)])
+    registered.clear()
+    exporter.expectations_reloaded(True)
+    assert fails(exporter, UNREGISTERED) == 2.0
+
+
+def test_latency_buckets_add_fine_bounds_above_each_idle_timeout() -> None:
+    offsets = (0.0, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.5, 1.0, 2.5, 5.0)
+    buckets = latency_buckets(3.0, 45.0)
+    assert list(buckets) == sorted(set(buckets))
+    assert set(GENERIC_LATENCY_BUCKETS) <= set(buckets)
+    assert {3.0 + o for o in offsets} | {45.0 + o for o in offsets} <= set(buckets)
+    assert (
+        set(buckets) - set(GENERIC_LATENCY_BUCKETS) - {round(t + o, 6) for t in (3, 45) for o in offsets}
+        == set()
+    )
+    assert 2.25 not in buckets  # the default timeout's fine bounds follow the configured one
+    assert latency_buckets(2.0, 30.0) == LATENCY_BUCKETS
+    assert 2.25 in LATENCY_BUCKETS and 30.25 in LATENCY_BUCKETS
+    with pytest.raises(ValueError):
+        latency_buckets(-1.0)
+
+
+async def test_score_latency_is_exposed_with_the_configured_timeouts_bounds() -> None:
+    """p99 against `trace_idle_timeout + 250 ms` must be readable: 0.2 and 0.25 above it are bounds."""
+    now = 100.0
+    exporter = PrometheusExporter(
+        10, lambda key: True, clock=lambda: now, trace_idle_timeout=0.5, session_idle_timeout=10.0
+    )
+    await exporter.export(
+        [replace(scores("t"), last_span_monotonic=now - latency) for latency in (0.52, 0.72, 0.74)]
+    )
+
+    def bucket(le: str) -> float | None:
+        return exporter.registry.get_sample_value("stepwatch_score_latency_seconds_bucket", {"le": le})
+
+    assert [bucket(le) for le in ("0.525", "0.7", "0.75", "10.25", "+Inf")] == [1, 1, 3, 3, 3]
+    assert exporter.latency_buckets == latency_buckets(0.5, 10.0)

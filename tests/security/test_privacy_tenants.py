@@ -10,6 +10,9 @@ import pytest
 from pydantic import ValidationError
 
 from stepwatch.evaluator.model import Span
+from stepwatch.evaluator.results import ScoreResult
+from stepwatch.exporters.base import InMemoryScoreExporter, PartitionScores, carries_content
+from stepwatch.exporters.prometheus import PrometheusExporter
 from stepwatch.security.config import (
     PrivacyConfig,
     SecurityConfig,
@@ -17,8 +20,16 @@ from stepwatch.security.config import (
     TenantConfig,
     TLSServerConfig,
 )
-from stepwatch.security.redaction import REDACTED, Redactor, SecretsLogFilter, scrub_secrets, strip_content
+from stepwatch.security.redaction import (
+    REDACTED,
+    Redactor,
+    SecretsLogFilter,
+    has_content,
+    scrub_secrets,
+    strip_content,
+)
 from stepwatch.security.tenants import DEFAULT_TENANT, PerTenant, Tenant, TenantPolicy, partition_key
+from stepwatch.tenancy import PrivateSink
 
 
 def test_redaction_replaces_listed_keys_and_prefixes_in_span_and_resource_attributes():
@@ -127,3 +138,62 @@ def test_defaults_are_valid_and_conservative():
     assert not cfg.receivers_tls.enabled and not cfg.tenancy.enabled
     assert cfg.privacy.include_content is False
     assert TLSServerConfig().min_version == "1.2"
+
+
+def _scores_with_content(tenant: str) -> PartitionScores:
+    content = ScoreResult(
+        metric="agent.step_accuracy",
+        score=1.0,
+        metadata={"steps": [{"op": "match", "input": {"q": "secret"}}], "edit_distance": 0},
+    )
+    clean = ScoreResult(metric="trajectory", score=1.0, metadata={"violations": [{"rule": "must_call"}]})
+    return PartitionScores(
+        partition_type="trace",
+        partition_id=tenant,
+        revision=0,
+        close_reason="idle",
+        task_key="t",
+        registered=True,
+        session_id=None,
+        trace_ids=(),
+        span_count=1,
+        results=(content, clean),
+        attributes={"tenant": tenant},
+    )
+
+
+class _ContentFreeSink(InMemoryScoreExporter):
+    carries_content = False
+
+
+async def test_a_content_free_sink_skips_the_strip_while_a_content_sink_still_strips():
+    """Prometheus declares it carries no content, so it gets the events untouched (nothing of the
+    metadata reaches /metrics); any other sink still gets content stripped unless its tenant allows it."""
+    assert not carries_content(PrometheusExporter(10, lambda key: True))
+    assert carries_content(InMemoryScoreExporter())  # undeclared: assumed to carry content
+    events = [_scores_with_content("a"), _scores_with_content("open")]
+    allow = {"open"}.__contains__
+    calls: list[str] = []
+
+    def spy(tenant: str) -> bool:
+        calls.append(tenant)
+        return allow(tenant)
+
+    free, full = PrivateSink(_ContentFreeSink(), spy), PrivateSink(InMemoryScoreExporter(), allow)
+    await free.export(events)
+    await full.export(events)
+    assert not calls and not free.carries_content
+    assert all(got is sent for got, sent in zip(free.inner.events, events, strict=True))
+    stripped, allowed = full.inner.events
+    assert stripped.results[0].metadata == {"steps": [{"op": "match"}], "edit_distance": 0}
+    assert stripped.results[1] is events[0].results[1]  # nothing to strip: not copied
+    assert allowed is events[1]
+    assert events[0].results[0].metadata["steps"][0]["input"] == {"q": "secret"}  # the original is intact
+
+
+def test_strip_content_returns_metadata_without_content_as_is():
+    metadata = {"steps": [{"op": "match", "expected": "search"}], "scores": [[1, {"a": 2}]], "n": 1}
+    assert strip_content(metadata, include_content=False) is metadata
+    nested = {"steps": [[{"op": "x", "outputs": ["o"]}]]}
+    assert strip_content(nested, include_content=False) == {"steps": [[{"op": "x"}]]}
+    assert has_content(nested) and not has_content(metadata) and not has_content("input")
