@@ -7,7 +7,8 @@ the embedded defaults plus the loadgen's task expectations, no write-ahead log) 
   close   - PartitionBuffer.sweep after the idle timeout (close detection);
   score   - Service._process_all (decode, partition, steps, trajectory, scorers);
   export  - every score sink's export (Prometheus, plus any stream configured).
-Each stage is timed over the whole set, --rounds times on fresh services; the median is printed.
+Each stage is timed (process CPU time, so other work on a shared machine counts less) over the whole
+set, --rounds times on fresh services; the median is printed.
 `--profile STAGE` prints a cProfile of that stage instead. Use it to see where a change lands
 before running bench_e2e.py, whose figures include the transport and the other core's noise.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
 import json
 import pstats
 import statistics
@@ -32,7 +34,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from stepwatch.config import load_config
 from stepwatch.evaluator.clock import ManualClock
-from stepwatch.service import Service
+from stepwatch.service import GC_THRESHOLDS, Service
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_LOADGEN = REPO.parent / "shared" / "tools" / "loadgen"
@@ -68,9 +70,9 @@ def one_round(
     def timed(stage: str, fn):  # type: ignore[no-untyped-def]
         if profiler is not None and stage == profile:
             profiler.enable()
-        started = time.perf_counter()
+        started = time.process_time()
         out = fn()
-        seconds[stage] = time.perf_counter() - started
+        seconds[stage] = time.process_time() - started
         if profiler is not None and stage == profile:
             profiler.disable()
         return out
@@ -105,6 +107,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", choices=STAGES, help="print a cProfile of one stage (one round)")
     args = parser.parse_args()
+    gc.set_threshold(*GC_THRESHOLDS)  # as `serve` runs (Service.start)
     with tempfile.TemporaryDirectory(prefix="stepwatch-bench-") as tmp:
         requests, expectations = make_traffic(Path(args.loadgen), args.traces, args.seed, Path(tmp))
         spans = sum(

@@ -22,7 +22,6 @@ from stepwatch.evaluator.accounting import SpanAccounting
 from stepwatch.evaluator.buffer import ROOT_ENDED, Admission, SpanRecord
 
 from .framing import span_extents
-from .origin import Origin
 from .otlp_proto import span_rejection
 from .records import records_request_bytes
 from .wal import WriteAheadLog
@@ -97,7 +96,7 @@ def split_request(
     for resource_spans in request.resource_spans:
         resource = resource_spans.resource.SerializeToString()
         for scope_spans in resource_spans.scope_spans:
-            origin = Origin(resource, scope_spans.scope.SerializeToString())
+            origin = (resource, scope_spans.scope.SerializeToString())
             for span in scope_spans.spans:
                 trace_id = span.trace_id
                 span_id = span.span_id

@@ -1,13 +1,14 @@
-"""Where a run of buffered spans came from: their request's resource and instrumentation scope.
+"""Decoded resources and scopes of buffered spans, cached by their encoded bytes.
 
-Every record of one ScopeSpans shares one Origin, so the resource's attributes and the scope's
-name are decoded once per arrival rather than once per span or partition. The buffer never looks
-inside it; unpacking gives (resource bytes, scope bytes) for re-assembling a request.
+A record keeps its origin as a plain (resource bytes, scope bytes) tuple: a tuple of bytes, and so
+the record holding it, is untracked by the garbage collector, which then never walks the
+hundreds of thousands of buffered records. Close-time decoding asks this cache for the resource's
+attributes and the scope's name, so each distinct resource is decoded once, not once per span
+or partition.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
@@ -16,28 +17,30 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from .attributes import proto_attributes
 
 
-class Origin:
-    __slots__ = ("_resource_attributes", "_scope_name", "resource", "scope")
+class OriginCache:
+    """Resource attributes and scope names by encoded bytes; bounded (cleared when full).
 
-    def __init__(self, resource: bytes, scope: bytes) -> None:
-        self.resource = resource
-        self.scope = scope
-        self._resource_attributes: dict[str, Any] | None = None
-        self._scope_name: str | None = None
+    The attribute dicts are shared by every span of that resource: read-only."""
 
-    def __iter__(self) -> Iterator[bytes]:
-        yield self.resource
-        yield self.scope
+    def __init__(self, max_entries: int = 1024) -> None:
+        self._max = max_entries
+        self._resources: dict[bytes, dict[str, Any]] = {}
+        self._scopes: dict[bytes, str] = {}
 
-    @property
-    def resource_attributes(self) -> dict[str, Any]:
-        """Decoded once and shared by every span of this origin: read-only."""
-        if self._resource_attributes is None:
-            self._resource_attributes = proto_attributes(Resource.FromString(self.resource).attributes)
-        return self._resource_attributes
+    def resource_attributes(self, resource: bytes) -> dict[str, Any]:
+        attributes = self._resources.get(resource)
+        if attributes is None:
+            if len(self._resources) >= self._max:
+                self._resources.clear()
+            attributes = self._resources[resource] = proto_attributes(
+                Resource.FromString(resource).attributes
+            )
+        return attributes
 
-    @property
-    def scope_name(self) -> str:
-        if self._scope_name is None:
-            self._scope_name = InstrumentationScope.FromString(self.scope).name
-        return self._scope_name
+    def scope_name(self, scope: bytes) -> str:
+        name = self._scopes.get(scope)
+        if name is None:
+            if len(self._scopes) >= self._max:
+                self._scopes.clear()
+            name = self._scopes[scope] = InstrumentationScope.FromString(scope).name
+        return name

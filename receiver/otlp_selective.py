@@ -28,7 +28,7 @@ from stepwatch.evaluator.pipeline import AttributeSelection
 
 from .attributes import proto_attributes, proto_value
 from .framing import read_varint, varint_bytes
-from .origin import Origin
+from .origin import OriginCache
 from .otlp_proto import SPAN_KINDS, STATUS_CODES, new_span
 
 _F = descriptor_pb2.FieldDescriptorProto
@@ -137,14 +137,21 @@ def selected(attributes: Any, keys: frozenset[str], prefixes: tuple[str, ...]) -
 
 
 def decode_selected(
-    records: Sequence[SpanRecord], selection: AttributeSelection, full: set[int], max_attributes: int
+    records: Sequence[SpanRecord],
+    selection: AttributeSelection,
+    full: set[int],
+    max_attributes: int,
+    origins: OriginCache | None = None,
 ) -> list[Span]:
     """Canonical Spans of buffered records (`seq` = buffer order) with the selected attributes only.
 
     Spans whose index is in `full`, or with more than `max_attributes` attributes, are decoded whole
     (in wire order, as the full decoder does) and their index added to `full`, so the caller can
-    apply the per-span limits to exactly what a full decode gives.
+    apply the per-span limits to exactly what a full decode gives. `origins`: the service's cache
+    of decoded resources and scopes (a fresh one per call when None).
     """
+    if origins is None:
+        origins = OriginCache()
     keys, prefixes = selection.keys, selection.prefixes
     parts: list[bytes] = []
     add = parts.append
@@ -164,10 +171,8 @@ def decode_selected(
     for index, (span, record) in enumerate(zip(lean, records, strict=True)):
         if record[4] is not origin:
             origin = record[4]
-            if not isinstance(origin, Origin):
-                origin = Origin(*origin)
-            resource_attributes, scope_name = origin.resource_attributes, origin.scope_name
-            origin = record[4]
+            resource_attributes = origins.resource_attributes(origin[0])
+            scope_name = origins.scope_name(origin[1])
         attributes = span.attributes
         if index in full or len(attributes) > max_attributes:
             full.add(index)

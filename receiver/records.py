@@ -17,6 +17,7 @@ from stepwatch.evaluator.model import Span
 from stepwatch.evaluator.pipeline import AttributeSelection
 
 from .framing import varint_bytes
+from .origin import OriginCache
 from .otlp_proto import decode_request_bytes
 from .otlp_selective import decode_selected
 
@@ -64,6 +65,7 @@ def decode_records_for_limits(
     max_attributes: int,
     max_value_length: int,
     max_json_depth: int,
+    origins: OriginCache | None = None,
 ) -> tuple[list[Span], set[int]]:
     """(spans, indices decoded whole): `selection` applied only to spans no per-span limit can touch.
 
@@ -80,4 +82,4 @@ def decode_records_for_limits(
         if len(payload := record[3]) > most_bytes
         or payload.count(b"[") + payload.count(b"{") > max_json_depth
     }
-    return decode_selected(records, selection, full, max_attributes), full
+    return decode_selected(records, selection, full, max_attributes, origins), full

@@ -54,6 +54,7 @@ from stepwatch.receiver.grpc_server import OtlpGrpcReceiver
 from stepwatch.receiver.http_server import BadRequest, OtlpHttpReceiver, request_from_json
 from stepwatch.receiver.ingest import Ingestor, split_request
 from stepwatch.receiver.kafka_ingest import IngestedMessage, KafkaIngest, TopicPartition
+from stepwatch.receiver.origin import OriginCache
 from stepwatch.receiver.wal import WriteAheadLog
 from stepwatch.receiver.wal_format import WalEntry
 
@@ -132,6 +133,7 @@ class Service:
                 config.buffer.max_traces_per_session, sec.limits.max_traces_per_session
             ),
         )
+        self._origins = OriginCache()  # decoded resources and scopes of buffered spans
         self.buffer = PartitionBuffer(buffer_limits, self.accounting, self.clock.monotonic)
         limits = config.buffer
         prom = config.exporters.prometheus
@@ -599,7 +601,9 @@ class Service:
         else:
             tenant, partition_id = self.scope.split_trace(closed.partition_id)
         store = self.tenant_expectations.get(tenant)  # this tenant's own, never another's
-        spans = decode_limited(closed.records, self._selection(store), self.limits, self.limit_meter)
+        spans = decode_limited(
+            closed.records, self._selection(store), self.limits, self.limit_meter, self._origins
+        )
         if closed.needs_routing:
             partition = build_partition("trace", partition_id, spans, task_key_attributes=keys)
             expectation = store.get(partition.task_key)

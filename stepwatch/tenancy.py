@@ -22,6 +22,7 @@ from stepwatch.evaluator.pipeline import STEP_ACCURACY, AttributeSelection
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.evaluator.scorers.base import Scorer, ScoringInput
 from stepwatch.exporters.base import carries_content as declares_content
+from stepwatch.receiver.origin import OriginCache
 from stepwatch.receiver.records import decode_records, decode_records_for_limits
 from stepwatch.security.auth import AuthConfigError
 from stepwatch.security.config import DEFAULT_TENANT_NAME, LimitsConfig, SecurityConfig
@@ -176,6 +177,7 @@ def decode_limited(
     selection: AttributeSelection | None,
     limits: LimitsConfig,
     meter: LimitMeter,
+    origins: OriginCache | None = None,
 ) -> list[Span]:
     """A closed partition's spans with the per-span limits applied, as `limit_spans(decode_records)`.
 
@@ -193,6 +195,7 @@ def decode_limited(
         limits.max_attributes_per_span,
         limits.max_attribute_value_length,
         limits.max_json_depth,
+        origins,
     )
     resource_ok: dict[int, bool] = {}
     need: list[int] = []
