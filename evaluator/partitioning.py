@@ -44,6 +44,9 @@ def sort_spans(spans: Iterable[Span]) -> list[Span]:
 
 def root_spans(spans: Sequence[Span]) -> list[Span]:
     """Spans with no parent, or whose parent is not in `spans` (a partial trace), in input order."""
+    if len({span.trace_id for span in spans}) == 1:  # one trace: span ids suffice, no tuple per span
+        ids = {span.span_id for span in spans}
+        return [span for span in spans if span.parent_span_id is None or span.parent_span_id not in ids]
     present = {(span.trace_id, span.span_id) for span in spans}
     return [
         span

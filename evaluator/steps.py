@@ -128,44 +128,42 @@ def embedded_tool_calls(span: Span) -> list[EmbeddedCall]:
     """Tool calls an LLM span's output issued, in (message N, call M) order."""
     attributes = span.attributes
     calls: list[EmbeddedCall] = []
-    fields_by_key = _oi_tool_call_fields(tuple(attributes))
-    if fields_by_key:
-        found: dict[tuple[int, int], dict[str, Any]] = {}
-        for key, n, m, field in fields_by_key:
-            found.setdefault((n, m), {})[field] = attributes[key]
-        for (n, m), fields in sorted(found.items()):
-            name = fields.get("function.name")
-            if name:
-                call_id = fields.get("id")
-                calls.append(
-                    EmbeddedCall(
-                        str(name),
-                        unwrap_json(fields.get("function.arguments")),
-                        str(call_id) if call_id else None,
-                        n,
-                        m,
-                    )
-                )
+    for n, m, name_key, arguments_key, id_key in _oi_tool_call_keys(tuple(attributes)):
+        name = attributes[name_key] if name_key is not None else None
+        if name:
+            call_id = attributes[id_key] if id_key is not None else None
+            arguments = attributes[arguments_key] if arguments_key is not None else None
+            calls.append(
+                EmbeddedCall(str(name), unwrap_json(arguments), str(call_id) if call_id else None, n, m)
+            )
     messages = attributes.get(GENAI_OUTPUT_MESSAGES)
     if messages is not None:
         calls.extend(_genai_tool_calls(messages))
     return calls
 
 
+_OiCallKeys = tuple[int, int, str | None, str | None, str | None]
+"""(N, M, function.name key, function.arguments key, id key) of one OpenInference tool call."""
+
+
 @lru_cache(maxsize=1024)
-def _oi_tool_call_fields(keys: tuple[str, ...]) -> tuple[tuple[str, int, int, str], ...]:
-    """(key, N, M, field) for each OpenInference tool-call key among a span's attribute keys.
+def _oi_tool_call_keys(keys: tuple[str, ...]) -> tuple[_OiCallKeys, ...]:
+    """The OpenInference tool calls a span's attribute keys hold, in (N, M) order.
 
     Cached by the whole key tuple: spans of one instrumentation repeat a handful of key sets, so
-    most spans cost one lookup instead of a prefix test (and a regex) per attribute.
+    most spans cost one lookup instead of a prefix test (and a regex) per attribute. Two keys for
+    the same field (`...0...` and `...00...`): the later one wins, as a scan in key order would.
     """
-    out = []
+    found: dict[tuple[int, int], dict[str, str]] = {}
     for key in keys:
         if key.startswith("llm.output_messages.") and "tool_calls" in key:
             match = _OI_TOOL_CALL.match(key)
             if match:
-                out.append((key, int(match[1]), int(match[2]), match[3]))
-    return tuple(out)
+                found.setdefault((int(match[1]), int(match[2])), {})[match[3]] = key
+    return tuple(
+        (n, m, fields.get("function.name"), fields.get("function.arguments"), fields.get("id"))
+        for (n, m), fields in sorted(found.items())
+    )
 
 
 def _genai_tool_calls(messages: Any) -> list[EmbeddedCall]:

@@ -3,19 +3,22 @@
 - `new_trajectory_step` builds the same TrajectoryStep as `model_construct`;
 - `embedded_tool_calls`, with OpenInference keys parsed once per key set, equals a plain per-key scan;
 - `is_async_scorer`, cached per function, agrees with inspect for every kind of `score` callable;
-- `normalise_tool_name` (cached) and the token counter's int fast path equal their plain versions.
+- `normalise_tool_name` (cached), the token counter's int fast path and `root_spans`' one-trace
+  path equal their plain versions.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import random
 import re
 from typing import Any
 
 import pytest
 
 from stepwatch.evaluator.model import Span, normalise_tool_name
+from stepwatch.evaluator.partitioning import root_spans
 from stepwatch.evaluator.pipeline import is_async_scorer
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.evaluator.steps import EmbeddedCall, embedded_tool_calls, unwrap_json
@@ -165,3 +168,25 @@ def _plain_count(value: Any) -> int:
 def test_token_count_fast_path_equals_plain(value: Any) -> None:
     got, want = _count(value), _plain_count(value)
     assert got == want and type(got) is type(want)
+
+
+def _plain_roots(spans: list[Span]) -> list[Span]:
+    present = {(span.trace_id, span.span_id) for span in spans}
+    return [s for s in spans if s.parent_span_id is None or (s.trace_id, s.parent_span_id) not in present]
+
+
+def test_root_spans_single_trace_path_equals_trace_and_span_id_pairs() -> None:
+    rnd = random.Random(3)
+    for _ in range(300):
+        spans = [
+            Span(
+                trace_id=rnd.choice(["a" * 32, "b" * 32]),
+                span_id=f"{rnd.randint(1, 6):016x}",
+                parent_span_id=rnd.choice([None, *(f"{i:016x}" for i in range(1, 8))]),
+                name="s",
+            )
+            for _ in range(rnd.randint(0, 8))
+        ]
+        assert root_spans(spans) == _plain_roots(spans)
+        single = [span.model_copy(update={"trace_id": "c" * 32}) for span in spans]
+        assert root_spans(single) == _plain_roots(single)
