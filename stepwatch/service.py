@@ -142,6 +142,8 @@ class Service:
             lambda key: self.tenant_expectations.registered_anywhere(key),
             self.clock.monotonic,
             tenant_label=self.policy.enabled,
+            trace_idle_timeout=buffer_limits.trace_idle_timeout,
+            session_idle_timeout=buffer_limits.session_idle_timeout,
         )
         self.limit_meter = PrometheusLimitMeter(self.prometheus.registry)
         # attribute redaction per tenant; tenants without their own privacy use the top level
