@@ -15,6 +15,8 @@ INVALID_SPAN_ID = "invalid_span_id"
 INVALID_PARENT_SPAN_ID = "invalid_parent_span_id"
 MISSING_NAME = "missing_name"
 INVALID_TIMESTAMP = "invalid_timestamp"
+INVALID_SPAN = "invalid_span"
+"""An OTLP/JSON span that does not convert on its own (a field of the wrong type)."""
 
 REJECTION_REASONS: tuple[str, ...] = (
     INVALID_TRACE_ID,
@@ -22,6 +24,7 @@ REJECTION_REASONS: tuple[str, ...] = (
     INVALID_PARENT_SPAN_ID,
     MISSING_NAME,
     INVALID_TIMESTAMP,
+    INVALID_SPAN,
 )
 """Every reason a decoder can give; a bounded set, so it is safe as a metric label."""
 

@@ -29,6 +29,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from stepwatch.evaluator.accounting import SpanAccounting
 
+from .decoded import INVALID_SPAN, INVALID_TIMESTAMP
 from .ingest import SpanSink
 from .outcome import ingest
 
@@ -81,8 +82,11 @@ def _list(obj: dict[str, Any], camel: str, snake: str) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def request_from_json(body: bytes) -> ExportTraceServiceRequest:
-    """OTLP/JSON -> ExportTraceServiceRequest (unknown fields ignored); BadRequest says why not."""
+def request_from_json(body: bytes) -> tuple[ExportTraceServiceRequest, list[tuple[str, str]]]:
+    """OTLP/JSON -> (ExportTraceServiceRequest, spans refused as (reason, detail)); unknown fields
+    are ignored. A span that does not convert on its own (a timestamp that is not an integer, a
+    name that is not a string) is refused alone, as partial success, like an invalid id; only a
+    body whose envelope is wrong is a BadRequest."""
     try:
         document = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -91,18 +95,39 @@ def request_from_json(body: bytes) -> ExportTraceServiceRequest:
         raise BadRequest("body is not valid JSON: nested too deeply") from None
     if not isinstance(document, dict):
         raise BadRequest("OTLP/JSON body must be an object with resourceSpans")
-    for resource_spans in _list(document, "resourceSpans", "resource_spans"):
+    pending: list[tuple[int, int, list[Any]]] = []  # the envelope is converted first, spans one by one
+    for i, resource_spans in enumerate(_list(document, "resourceSpans", "resource_spans")):
         if isinstance(resource_spans, dict):
-            for scope_spans in _list(resource_spans, "scopeSpans", "scope_spans"):
-                if isinstance(scope_spans, dict):
-                    for span in _list(scope_spans, "spans", "spans"):
-                        _fix_ids(span)
+            for j, scope_spans in enumerate(_list(resource_spans, "scopeSpans", "scope_spans")):
+                if isinstance(scope_spans, dict) and isinstance(scope_spans.get("spans"), list):
+                    pending.append((i, j, scope_spans["spans"]))
+                    scope_spans["spans"] = []
     try:
-        return json_format.ParseDict(document, ExportTraceServiceRequest(), ignore_unknown_fields=True)
+        request = json_format.ParseDict(document, ExportTraceServiceRequest(), ignore_unknown_fields=True)
     except (json_format.ParseError, TypeError, ValueError) as exc:
         raise BadRequest(f"not an OTLP/JSON ExportTraceServiceRequest: {exc}") from None
     except RecursionError:
         raise BadRequest("not an OTLP/JSON ExportTraceServiceRequest: nested too deeply") from None
+    refused: list[tuple[str, str]] = []
+    for i, j, spans in pending:
+        target = request.resource_spans[i].scope_spans[j].spans
+        for span in spans:
+            _fix_ids(span)
+            try:
+                json_format.ParseDict(span, target.add(), ignore_unknown_fields=True)
+            except (json_format.ParseError, TypeError, ValueError, AttributeError, RecursionError) as exc:
+                del target[-1]
+                refused.append(_refusal(span, exc))
+    return request, refused
+
+
+def _refusal(span: Any, exc: BaseException) -> tuple[str, str]:
+    """(reason, detail) for a span that does not convert; the reason is a bounded metric label."""
+    name = span.get("name") if isinstance(span, dict) else None
+    who = f"span {name!r}" if isinstance(name, str) and name else "span"
+    message = str(exc) or type(exc).__name__
+    reason = INVALID_TIMESTAMP if "TimeUnixNano" in message else INVALID_SPAN
+    return reason, f"{who}: {message[:200]}"
 
 
 def _gunzip(data: bytes, limit: int) -> bytes:
@@ -186,6 +211,7 @@ class OtlpHttpReceiver:
             if encoding == "gzip":
                 body = _gunzip(body, self._max)
             encoded: bytes | None = None
+            refused: list[tuple[str, str]] = []
             if media == PROTOBUF:
                 try:
                     otlp = ExportTraceServiceRequest.FromString(body)
@@ -193,7 +219,7 @@ class OtlpHttpReceiver:
                 except DecodeError as exc:
                     raise BadRequest(f"body is not a valid OTLP ExportTraceServiceRequest ({exc})") from None
             else:
-                otlp = request_from_json(body)
+                otlp, refused = request_from_json(body)
         except BodyTooLarge as exc:
             self._accounting.requests_rejected["too_large"] += 1
             if self._on_too_large is not None:
@@ -203,7 +229,7 @@ class OtlpHttpReceiver:
             self._accounting.requests_rejected["decode"] += 1
             return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), media)
         tenant = self._tenant(request) if self._tenant is not None else None
-        outcome = await ingest(self._sink, otlp, PROTOCOL, tenant, encoded)
+        outcome = await ingest(self._sink, otlp, PROTOCOL, tenant, encoded, refused)
         if outcome.retry_after is not None:
             status, code = (
                 (503, code_pb2.UNAVAILABLE) if outcome.unavailable else (429, code_pb2.RESOURCE_EXHAUSTED)
@@ -225,7 +251,10 @@ class OtlpHttpReceiver:
             if request.content_type == PROTOBUF:
                 otlp = ExportTraceServiceRequest.FromString(body)
             elif request.content_type == JSON:
-                otlp = request_from_json(body)
+                otlp, refused = request_from_json(body)
+                return len(refused) + sum(
+                    len(ss.spans) for rs in otlp.resource_spans for ss in rs.scope_spans
+                )
             else:
                 return 0
         except (BodyTooLarge, BadRequest, DecodeError):

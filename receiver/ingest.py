@@ -65,9 +65,12 @@ class SpanSink(Protocol):
         protocol: str,
         tenant: str = DEFAULT_TENANT,
         encoded: bytes | None = None,
+        refused: Sequence[tuple[str, str]] = (),
     ) -> IngestResult:
         """`encoded`: the protobuf bytes `request` was parsed from, when the receiver has them;
-        spans and the log record are then taken from them instead of re-serialized."""
+        spans and the log record are then taken from them instead of re-serialized. `refused`:
+        (reason, detail) of spans the receiver's decoder already refused (not in `request`),
+        accounted and reported with this request."""
         ...
 
 
@@ -199,6 +202,7 @@ class Ingestor:
         protocol: str,
         tenant: str = DEFAULT_TENANT,
         encoded: bytes | None = None,
+        refused: Sequence[tuple[str, str]] = (),
     ) -> IngestResult:
         over = 0
         if self.max_spans_per_request is not None:
@@ -211,6 +215,10 @@ class Ingestor:
         if matcher is not None and redact_request(request, matcher):
             encoded = None
         records, rejected, details, total = split_request(request, encoded)
+        for reason, detail in refused:
+            total += 1
+            rejected[reason] += 1
+            details.setdefault(reason, detail)
         if over:
             total += over
             rejected["limit"] += over

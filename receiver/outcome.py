@@ -3,6 +3,7 @@ to their own status (RESOURCE_EXHAUSTED/429, UNAVAILABLE/503, OK/200), so the tw
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -35,15 +36,16 @@ async def ingest(
     protocol: str,
     tenant: str | None = None,
     encoded: bytes | None = None,
+    refused: Sequence[tuple[str, str]] = (),
 ) -> Outcome:
     """Hand `request` to the sink, wait for its write-ahead log record, and decide the answer.
 
     Messages name the cause only; each receiver appends how its protocol says when to retry.
-    `encoded`: the protobuf bytes `request` was parsed from (see SpanSink.consume)."""
+    `encoded`, `refused`: see SpanSink.consume."""
     if tenant is None:
-        result = sink.consume(request, protocol, encoded=encoded)
+        result = sink.consume(request, protocol, encoded=encoded, refused=refused)
     else:
-        result = sink.consume(request, protocol, tenant, encoded)
+        result = sink.consume(request, protocol, tenant, encoded, refused)
     if result.durable is not None:
         try:
             await result.durable

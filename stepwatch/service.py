@@ -344,8 +344,9 @@ class Service:
         """One Kafka message into the buffer; its trace ids are the keys its offset is held by."""
         try:
             encoded: bytes | None = None
+            refused: list[tuple[str, str]] = []
             if self.config.receivers.kafka.encoding == "otlp_json":
-                request = request_from_json(message.value)
+                request, refused = request_from_json(message.value)
             else:
                 request = ExportTraceServiceRequest.FromString(message.value)
                 encoded = message.value
@@ -359,7 +360,7 @@ class Service:
                 exc,
             )
             return set()
-        result = self.ingestor.consume(request, "kafka", encoded=encoded)
+        result = self.ingestor.consume(request, "kafka", encoded=encoded, refused=refused)
         if result.retry_after is not None or result.unavailable:
             raise _Backpressure()
         return set(result.keys)  # rejected spans are never scored: holding their offset would stall commits

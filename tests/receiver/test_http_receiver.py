@@ -92,6 +92,25 @@ async def test_json_partial_success_counts_exactly() -> None:
     assert rig.buffer.buffered_spans == total - 2
 
 
+async def test_json_span_of_the_wrong_shape_is_refused_alone() -> None:
+    """A bad timestamp or a non-string name fails that span only; the others are kept (like ids)."""
+    document = json.loads((CORPUS / "pai_trip_parallel_tools.json").read_text())
+    spans = document["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    spans[0]["startTimeUnixNano"] = "yesterday"
+    spans[1]["name"] = {"not": "a string"}
+    spans[2]["traceId"] = "abcd"
+    total = spans_in(corpus_pb())
+    async with Rig() as rig:
+        status, _, body, _ = await rig.post(json.dumps(document).encode(), JS)
+    answer = json.loads(body)["partialSuccess"]
+    assert status == 200 and answer["rejectedSpans"] == "3"
+    for reason in ("invalid_timestamp", "invalid_span", "invalid_trace_id"):
+        assert reason in answer["errorMessage"]
+    assert rig.buffer.buffered_spans == total - 3
+    assert rig.accounting.rejected == {"invalid_timestamp": 1, "invalid_span": 1, "invalid_trace_id": 1}
+    assert rig.accounting.received["http"] == total
+
+
 @pytest.mark.parametrize(
     ("body", "headers", "media"),
     [
