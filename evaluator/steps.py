@@ -74,9 +74,22 @@ def unwrap_json(value: Any) -> Any:
             if head in "tfn" and value.strip(_JSON_SPACE) not in _JSON_LITERALS:
                 return value
             try:
-                return json.loads(value)
+                return _loads(value)
             except ValueError:
                 return value
+    return value
+
+
+_DECODER = json.JSONDecoder()
+
+
+def _loads(text: str) -> Any:
+    """`json.loads(text)` for a str not starting with a BOM (unwrap_json's heads never do), without
+    json.loads' per-call dispatch: the default decoder's raw_decode after leading JSON whitespace,
+    and only JSON whitespace after the document; ValueError otherwise."""
+    value, end = _DECODER.raw_decode(text, len(text) - len(text.lstrip(_JSON_SPACE)))
+    if end != len(text) and text[end:].strip(_JSON_SPACE):
+        raise ValueError(f"extra data at {end}")
     return value
 
 
