@@ -98,23 +98,23 @@ def strip_content(value: Any, include_content: bool) -> Any:
 
 
 def has_content(value: Any) -> bool:
-    """Whether a dict anywhere in `value` (through dicts and lists) has a CONTENT_KEYS key."""
+    """Whether a dict anywhere in `value` (through dicts, lists and tuples) has a CONTENT_KEYS key."""
     if isinstance(value, dict):
         if not CONTENT_KEYS.isdisjoint(value):
             return True
         items: Iterable[Any] = value.values()
-    elif isinstance(value, list):
+    elif isinstance(value, (list, tuple)):
         items = value
     else:
         return False
-    return any(isinstance(item, (dict, list)) and has_content(item) for item in items)
+    return any(isinstance(item, (dict, list, tuple)) and has_content(item) for item in items)
 
 
 def _without_content(value: Any) -> Any:
     """A copy of `value` with every CONTENT_KEYS entry removed at any nesting level."""
     if isinstance(value, dict):
         return {k: _without_content(v) for k, v in value.items() if k not in CONTENT_KEYS}
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):  # scorer metadata may hold tuples; exporters write lists
         return [_without_content(v) for v in value]
     return value
 

@@ -66,6 +66,13 @@ def test_content_is_stripped_from_score_metadata_unless_allowed():
     assert strip_content(metadata, include_content=True) is metadata
 
 
+def test_content_inside_tuples_is_stripped_too():
+    """Scorer metadata may hold tuples (e.g. alignment pairs); content there must not leak."""
+    metadata = {"pairs": ({"expected": "a", "input": {"card": "4111"}}, ({"output": "secret"},))}
+    assert has_content(metadata)
+    assert strip_content(metadata, include_content=False) == {"pairs": [{"expected": "a"}, [{}]]}
+
+
 def test_credentials_are_masked_in_log_records(caplog):
     logger = logging.getLogger("stepwatch.test.secrets")
     logger.addFilter(SecretsLogFilter())
