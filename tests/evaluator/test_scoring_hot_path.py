@@ -63,6 +63,10 @@ def test_new_span_equals_model_construct() -> None:
     assert fast.model_dump_json() == slow.model_dump_json()
     assert fast.model_fields_set == slow.model_fields_set
     assert fast.model_copy(update={"name": "y"}).name == "y"
+    other = new_span(dict(fields))  # spans share one fields-set object: no copy may change another's
+    copied = other.model_copy(update={"name": "z"})
+    copied.model_fields_set.discard("seq")
+    assert fast.model_fields_set == other.model_fields_set == set(Span.model_fields)
 
 
 def _corpus_records() -> list[list[tuple[bytes, bytes, int, bytes, object]]]:
