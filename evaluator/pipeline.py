@@ -31,8 +31,15 @@ from .model import Partition
 from .partitioning import EXPECTED_STEPS_ATTRIBUTE, SESSION_ID_ATTRIBUTES
 from .results import ScoreResult
 from .scorers.base import Scorer, ScoringInput
-from .steps import EMBEDDED_CALL_PREFIXES, STEP_ATTRIBUTES, ToolIO, extract_steps
-from .trajectory_build import TRAJECTORY_ATTRIBUTES, build_trajectory
+from .steps import (
+    EMBEDDED_CALL_PREFIXES,
+    STEP_ATTRIBUTES,
+    TOOL_INPUT_ATTRIBUTES,
+    TOOL_OUTPUT_ATTRIBUTES,
+    ToolIO,
+    extract_steps,
+)
+from .trajectory_build import FINAL_ANSWER_ATTRIBUTES, TRAJECTORY_ATTRIBUTES, build_trajectory
 
 STEP_ACCURACY = "agent.step_accuracy"
 EXPECTED_STEPS_ERROR = "expected_steps_error"
@@ -116,24 +123,46 @@ class AttributeSelection:
         return isinstance(key, str) and (key in self.keys or key.startswith(self.prefixes))
 
 
-def scoring_attributes(task_key_attributes: Sequence[str]) -> AttributeSelection:
+def scoring_attributes(task_key_attributes: Sequence[str], *, step_io: bool = True) -> AttributeSelection:
     """Every span attribute partitioning, step extraction and the trajectory read.
 
     Scorers that declare `reads_span_attributes = False` see nothing else, so a partition decoded
     with only these attributes scores exactly like a fully decoded one, while the large attributes
     nobody reads (LLM prompts and invocation parameters) are never converted. Keep in step with
-    partitioning.py, steps.py and trajectory_build.py (tests/evaluator/test_pipeline_selection.py).
+    partitioning.py, steps.py and trajectory_build.py (tests/evaluator/test_scoring_hot_path.py).
+    `step_io=False` also leaves out the tool inputs/outputs and the final answer (the largest values
+    scoring decodes), for when no scorer reads them (`reads_step_io`): steps and the trajectory
+    then carry None there, and everything else is the same.
     """
+    io = set(STEP_IO_ATTRIBUTES) if not step_io else set()
     keys = frozenset(
-        (
+        key
+        for key in (
             *task_key_attributes,
             *SESSION_ID_ATTRIBUTES,
             EXPECTED_STEPS_ATTRIBUTE,
             *STEP_ATTRIBUTES,
             *TRAJECTORY_ATTRIBUTES,
         )
+        if key not in io
     )
     return AttributeSelection(keys, EMBEDDED_CALL_PREFIXES)
+
+
+STEP_IO_ATTRIBUTES: tuple[str, ...] = (
+    *TOOL_INPUT_ATTRIBUTES,
+    *TOOL_OUTPUT_ATTRIBUTES,
+    *FINAL_ANSWER_ATTRIBUTES,
+)
+"""Attributes read only into Step/TrajectoryStep input and output and the final answer."""
+
+
+def reads_step_io(scorer: Scorer, expectation: Expectation | None) -> bool:
+    """Whether a scorer may read step inputs/outputs or the final answer for this expectation.
+
+    Default: yes. A scorer declares `reads_step_io = False`, or a function of the expectation."""
+    declared = getattr(scorer, "reads_step_io", True)
+    return bool(declared(expectation) if callable(declared) else declared)
 
 
 def reads_span_attributes(scorer: Scorer) -> bool:

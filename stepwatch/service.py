@@ -38,6 +38,7 @@ from stepwatch.evaluator.pipeline import (
     build_scoring_input,
     is_async_scorer,
     reads_span_attributes,
+    reads_step_io,
     run_async_scorers,
     run_sync_scorers,
     scoring_attributes,
@@ -282,7 +283,8 @@ class Service:
                 ssl_context=server_ssl_context(sec.metrics_tls).context if sec.metrics_tls.enabled else None,
                 middlewares=[admin_auth_middleware(admin)] if admin.enabled else (),
             )
-        self._scoring_attributes = scoring_attributes(config.partitioning.task_key_attributes)
+        keys = config.partitioning.task_key_attributes
+        self._scoring_attributes = {io: scoring_attributes(keys, step_io=io) for io in (True, False)}
         self._selections: dict[int, tuple[ExpectationsStore, AttributeSelection | None]] = {}
         # one worker: score inline (see _score_inline); the local judge still runs in the thread
         self._inline = config.scoring.workers == 1
@@ -635,18 +637,21 @@ class Service:
 
     def _selection(self, store: ExpectationsStore) -> AttributeSelection | None:
         """The scoring attributes, when no scorer any of the store's partitions may get reads other
-        span attributes (judge scorers, plan_adherence); else None (decode whole). Cached per store
-        (a reload is a new store)."""
+        span attributes (judge scorers, plan_adherence); else None (decode whole). Tool inputs,
+        outputs and the final answer only when some scorer reads them (a `must_call ... with`
+        rule). Cached per store (a reload is a new store)."""
         cached = self._selections.get(id(store))
         if cached is not None and cached[0] is store:
             return cached[1]
-        expectations = [None, *(store.get(key) for key in store.task_keys)]
-        selective = not any(
-            reads_span_attributes(scorer)
-            for expectation in expectations
+        pairs = [
+            (scorer, expectation)
+            for expectation in [None, *(store.get(key) for key in store.task_keys)]
             for scorer in self.scorers.scorers_for(expectation)
-        )
-        selection = self._scoring_attributes if selective else None
+        ]
+        selection = None
+        if not any(reads_span_attributes(scorer) for scorer, _ in pairs):
+            step_io = any(reads_step_io(scorer, expectation) for scorer, expectation in pairs)
+            selection = self._scoring_attributes[step_io]
         if len(self._selections) > 64:  # stores replaced by reloads
             self._selections.clear()
         self._selections[id(store)] = (store, selection)

@@ -125,6 +125,7 @@ class StepAccuracyScorer:
     name = METRIC
     reads_span_attributes = False
     """Reads steps and trajectory only: the service may decode just `scoring_attributes`."""
+    reads_step_io = False
 
     def applicable(self, inp: ScoringInput) -> bool:
         return inp.expected_steps is not None

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..expectation import Expectation
 from ..model import normalise_tool_name
 from ..results import ScoreResult
 from ..rules import FieldMatcher, MaxSteps, MustCall, MustNotCall, Rule
@@ -233,6 +234,12 @@ class TrajectoryRulesScorer:
     name = "trajectory"
     reads_span_attributes = False
     """Reads steps and trajectory only: the service may decode just `scoring_attributes`."""
+
+    @staticmethod
+    def reads_step_io(expectation: Expectation | None) -> bool:
+        """Only a `must_call ... with` rule reads a step's input."""
+        rules = expectation.rules if expectation is not None else []
+        return any(isinstance(rule, MustCall) and rule.with_ for rule in rules)
 
     def applicable(self, inp: ScoringInput) -> bool:
         return inp.expectation is not None and bool(inp.expectation.rules)

@@ -36,6 +36,7 @@ class StepCountScorer:
     name = STEP_COUNT
     reads_span_attributes = False
     """Reads steps and trajectory only: the service may decode just `scoring_attributes`."""
+    reads_step_io = False
 
     def applicable(self, inp: ScoringInput) -> bool:
         return True
@@ -48,6 +49,7 @@ class LatencyScorer:
     name = LATENCY_SECONDS
     reads_span_attributes = False
     """Reads steps and trajectory only: the service may decode just `scoring_attributes`."""
+    reads_step_io = False
 
     def applicable(self, inp: ScoringInput) -> bool:
         return True
@@ -63,6 +65,7 @@ class TotalTokensScorer:
     name = TOTAL_TOKENS
     reads_span_attributes = False
     """Reads steps and trajectory only: the service may decode just `scoring_attributes`."""
+    reads_step_io = False
 
     def applicable(self, inp: ScoringInput) -> bool:
         return True

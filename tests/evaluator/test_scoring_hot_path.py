@@ -19,7 +19,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from stepwatch.evaluator.expectation import Expectation
 from stepwatch.evaluator.model import Span
 from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES, partition_traces
-from stepwatch.evaluator.pipeline import reads_span_attributes, score_partition, scoring_attributes
+from stepwatch.evaluator.pipeline import (
+    reads_span_attributes,
+    reads_step_io,
+    score_partition,
+    scoring_attributes,
+)
 from stepwatch.evaluator.scorers.registry import ScorerRegistry
 from stepwatch.evaluator.steps import unwrap_json
 from stepwatch.receiver.ingest import split_request
@@ -118,11 +123,12 @@ def test_records_reassembly_is_byte_identical() -> None:
         assert records_request_bytes(records) == records_to_request_bytes(records)
 
 
-def test_selected_decode_scores_like_full_decode() -> None:
+@pytest.mark.parametrize("step_io", [True, False], ids=["with-step-io", "without-step-io"])
+def test_selected_decode_scores_like_full_decode(step_io: bool) -> None:
     registry = ScorerRegistry.builtin()
     scorers = [registry.create(name) for name in registry.names]
     assert not any(reads_span_attributes(s) for s in scorers)
-    selection = scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES)
+    selection = scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES, step_io=step_io)
     groups = _corpus_records()
     for records in groups:
         full = partition_traces(decode_records(records))
@@ -136,7 +142,25 @@ def test_selected_decode_scores_like_full_decode() -> None:
             expectation = Expectation.model_validate(
                 {"expected_steps": names[::-1], "rules": [{"must_call": names[0]}, {"max_steps": 2}]}
             )
+            assert not any(reads_step_io(s, expectation) for s in scorers)  # no `with` rule
             want = score_partition(a, expectation, scorers)
             got = score_partition(b, expectation, scorers)
             assert got[1] == want[1]
-            assert got[0].steps == want[0].steps and got[0].trajectory == want[0].trajectory
+            if step_io:
+                assert got[0].steps == want[0].steps and got[0].trajectory == want[0].trajectory
+            else:  # the same steps, without their payloads
+                assert [(s.name, s.kind, s.span_id) for s in got[0].steps] == [
+                    (s.name, s.kind, s.span_id) for s in want[0].steps
+                ]
+
+
+def test_a_with_rule_reads_step_io() -> None:
+    rules = ScorerRegistry.builtin().create("trajectory")
+    plain = Expectation.model_validate({"rules": [{"must_call": "search", "after": "plan"}]})
+    constrained = Expectation.model_validate(
+        {"rules": [{"must_call": "search", "with": {"q": {"contains": "x"}}}]}
+    )
+    assert not reads_step_io(rules, plain) and not reads_step_io(rules, None)
+    assert reads_step_io(rules, constrained)
+    assert "input.value" not in scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES, step_io=False)
+    assert "input.value" in scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES)

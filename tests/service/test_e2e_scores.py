@@ -109,3 +109,35 @@ async def test_unmatched_task_key_is_counted_and_gets_expectation_free_scorers(t
         step = {**labels, "metric": "agent.step_accuracy"}
         assert await metrics.get("stepwatch_evaluations_total", **step, outcome="pass") is None
         assert await metrics.get("stepwatch_evaluations_total", **step, outcome="fail") is None
+
+
+async def test_rules_on_tool_inputs_are_scored_online(tmp_path, agent, h) -> None:
+    """A `must_call ... with` rule reads tool inputs: the service must decode them for it (and only
+    then: without such a rule, tool inputs and outputs are never converted)."""
+    expectations = """
+tasks:
+  lookup-a1:
+    expected_steps: [lookup_order]
+    rules:
+      - must_call: lookup_order
+        with: {order_id: {equals: A-1}}
+  lookup-b2:
+    expected_steps: [lookup_order]
+    rules:
+      - must_call: lookup_order
+        with: {order_id: {equals: B-2}}
+"""
+    async with h.running(tmp_path, expectations) as (service, metrics):
+        endpoint = f"127.0.0.1:{service.grpc.port}"
+        runs = [{"task_key": key, "steps": ["lookup_order"]} for key in ("lookup-a1", "lookup-b2")]
+        await asyncio.to_thread(agent.send, "grpc", endpoint, runs)
+        a1 = {"metric": "trajectory", "task_key": "lookup-a1", "partition_type": "trace"}
+        b2 = {**a1, "task_key": "lookup-b2"}
+        assert (
+            await h.eventually(lambda: metrics.get("stepwatch_evaluations_total", **a1, outcome="pass"))
+            == 1.0
+        )
+        assert (
+            await h.eventually(lambda: metrics.get("stepwatch_evaluations_total", **b2, outcome="fail"))
+            == 1.0
+        )
