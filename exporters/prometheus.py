@@ -58,6 +58,9 @@ class BufferGauges:
     buffered_spans_limit: int
     open_partitions: dict[str, int]
     retained_spans: int
+    scoring_backlog_spans: int = 0
+    held_requests: int = 0
+    held_seconds: float = 0.0
 
 
 class _IngestCollector(Collector):
@@ -136,6 +139,21 @@ class _IngestCollector(Collector):
             "stepwatch_retained_spans",
             "Spans of closed partitions kept for late-span revisions.",
             value=gauges.retained_spans,
+        )
+        yield GaugeMetricFamily(
+            "stepwatch_scoring_backlog_spans",
+            "Spans of closed partitions waiting to be scored.",
+            value=gauges.scoring_backlog_spans,
+        )
+        yield CounterMetricFamily(
+            "stepwatch_requests_held",
+            "Requests whose answer waited for the scoring backlog (scoring.max_backlog_spans).",
+            value=gauges.held_requests,
+        )
+        yield CounterMetricFamily(
+            "stepwatch_requests_held_seconds",
+            "Time requests waited for the scoring backlog.",
+            value=gauges.held_seconds,
         )
         dropped = CounterMetricFamily(
             "stepwatch_exporter_queue_dropped",

@@ -59,6 +59,9 @@ class IngestResult:
 class SpanSink(Protocol):
     """What every receiver calls with each decoded request. Must not block (runs on the event loop)."""
 
+    async def admit(self) -> None:
+        """Awaited before `consume`: returns when the service is ready for more (backpressure)."""
+
     def consume(
         self,
         request: ExportTraceServiceRequest,
@@ -195,6 +198,12 @@ class Ingestor:
     """Tenant -> attribute-key matcher whose values are redacted before buffering/logging, or None."""
     buffer_key: Callable[[str, bytes], bytes] | None = field(default=None, repr=False)
     """(tenant, trace id) -> buffer key, so two tenants' equal trace ids are separate partitions."""
+    room: Callable[[], Awaitable[None]] | None = field(default=None, repr=False)
+    """Awaited by `admit`: the scoring backlog's gate (stepwatch/backlog.py)."""
+
+    async def admit(self) -> None:
+        if self.room is not None:
+            await self.room()
 
     def consume(
         self,

@@ -42,6 +42,7 @@ async def ingest(
 
     Messages name the cause only; each receiver appends how its protocol says when to retry.
     `encoded`, `refused`: see SpanSink.consume."""
+    await sink.admit()
     if tenant is None:
         result = sink.consume(request, protocol, encoded=encoded, refused=refused)
     else:

@@ -207,6 +207,20 @@ class ScoringConfig(Section):
         le=64,
         description="Scoring worker threads (decode, partition, score off the event loop).",
     )
+    max_backlog_spans: int = Field(
+        default=10_000,
+        ge=0,
+        description="Spans of closed partitions waiting to be scored above which receivers hold new "
+        "requests (answer them later, so clients slow to the scoring rate) until scoring catches up; "
+        "keeps score latency near trace_idle_timeout under overload. 0: never hold.",
+    )
+    max_backlog_wait: float = Field(
+        default=2.0,
+        ge=0,
+        le=30,
+        description="Longest a request is held for the scoring backlog, in seconds; then it is taken "
+        "anyway (buffer.max_buffered_spans still applies). Keep it well under client timeouts.",
+    )
 
 
 class PrometheusConfig(_Endpoint):

@@ -23,6 +23,7 @@ from aiohttp import web
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from stepwatch.backlog import ScoringBacklog
 from stepwatch.evaluator.accounting import SpanAccounting
 from stepwatch.evaluator.buffer import ClosedPartition, PartitionBuffer
 from stepwatch.evaluator.clock import Clock, SystemClock
@@ -154,6 +155,7 @@ class Service:
             name: Redactor.from_config(self.policy.privacy(Tenant(name))) for name in sec.tenancy.tenants
         }
         matchers = {name: r.matches if r.active else None for name, r in redactors.items()}
+        self.backlog = ScoringBacklog(config.scoring.max_backlog_spans, config.scoring.max_backlog_wait)
         self.ingestor = Ingestor(
             self.buffer,
             self.accounting,
@@ -163,6 +165,7 @@ class Service:
             limit_meter=self.limit_meter.exceeded,
             redaction=(lambda t: matchers.get(t, matchers[""])) if any(matchers.values()) else None,
             buffer_key=self.scope.trace_key,
+            room=self.backlog.room,
         )
         path = config.expectations.file
         # each tenant's own file only (no fallback); invalid or over a limit: fail at start
@@ -364,6 +367,7 @@ class Service:
                 exc,
             )
             return set()
+        await self.ingestor.admit()
         result = self.ingestor.consume(request, "kafka", encoded=encoded, refused=refused)
         if result.retry_after is not None or result.unavailable:
             raise _Backpressure()
@@ -487,6 +491,7 @@ class Service:
             self._dispatch(closed)
 
     def _dispatch(self, closed: list[ClosedPartition]) -> None:
+        self.backlog.add(sum(len(c.records) for c in closed))
         workers = self.config.scoring.workers
         chunks = [closed[i::workers] for i in range(min(workers, len(closed)))]
         for chunk in chunks:
@@ -499,7 +504,10 @@ class Service:
             await self._score_inline(closed)
             return
         loop = asyncio.get_running_loop()
-        outputs = await loop.run_in_executor(self._executor, self._process_batch, closed)
+        try:
+            outputs = await loop.run_in_executor(self._executor, self._process_batch, closed)
+        finally:
+            self.backlog.done(sum(len(c.records) for c in closed))
         for out in outputs:
             self._emit(out)
 
@@ -514,6 +522,7 @@ class Service:
             outputs: list[_Scored] = []
             while i < n:
                 outputs.extend(self._process_all(closed[i : i + 1]))
+                self.backlog.done(len(closed[i].records))
                 i += 1
                 if clock() >= deadline:
                     break
@@ -735,6 +744,9 @@ class Service:
             buffered_spans_limit=self.config.buffer.max_buffered_spans,
             open_partitions=self.buffer.open_partitions(),
             retained_spans=self.buffer.retained_spans,
+            scoring_backlog_spans=self.backlog.spans,
+            held_requests=self.backlog.held_requests,
+            held_seconds=self.backlog.held_seconds,
         )
 
 
