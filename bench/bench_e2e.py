@@ -108,6 +108,7 @@ class Bench:
         self.loadgen_dir = Path(args.loadgen).resolve()
         self.tmp = Path(tempfile.mkdtemp(prefix="stepwatch-bench-"))
         self.expectations = self.tmp / "expectations.yaml"
+        self.serves = 0
 
     def loadgen(self, target: str, amount: list[str], concurrency: int | None = None) -> dict[str, object]:
         argv = [
@@ -158,7 +159,10 @@ class Bench:
         }
 
     def start_serve(self, env: dict[str, str]) -> tuple[subprocess.Popen[str], int, int]:
+        """A `stepwatch serve` with its own state directory: runs never replay each other's log."""
         grpc_port, metrics_port = free_port(), free_port()
+        self.serves += 1
+        env = {"STEPWATCH_DURABILITY__DATA_DIR": str(self.tmp / f"data-{self.serves}"), **env}
         argv = [
             STEPWATCH, "serve", "--grpc-endpoint", f"127.0.0.1:{grpc_port}", "--http-endpoint", "127.0.0.1:0",
             "--metrics-endpoint", f"127.0.0.1:{metrics_port}", "--expectations", str(self.expectations),

@@ -277,7 +277,8 @@ class Ingestor:
                 acc.rejected["buffer_full"] += len(records)
                 result.retry_after, result.refusal = self.retry_after, "buffer_full"
                 return result
-            result.keys = frozenset(rec[0] for rec in records)
+            # a span that will never be scored must not pin its log record (no event will release it)
+            result.keys = frozenset(rec[0] for rec in records).difference(admission.settled)
             if wal is not None:
                 ref, result.durable = wal.append_nowait(payload)
                 wal.track(ref, result.keys)

@@ -5,6 +5,11 @@ from __future__ import annotations
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from receiver_rig import IngestRig, corpus_bytes
 
+from stepwatch.evaluator.accounting import SpanAccounting
+from stepwatch.evaluator.buffer import BufferLimits, PartitionBuffer
+from stepwatch.evaluator.clock import ManualClock
+from stepwatch.receiver.ingest import Ingestor
+
 
 def test_keys_name_only_the_traces_whose_spans_were_taken() -> None:
     """A span rejected on its own is never scored, so its trace id must not hold a log position
@@ -41,3 +46,37 @@ def test_a_request_larger_than_the_whole_buffer_is_rejected_not_retried_forever(
     assert result.rejected == total and result.accepted == 0
     assert "more than the whole buffer" in result.error_message
     assert rig.accounting.rejected["limit"] == total and rig.buffer.buffered_spans == 0
+
+
+def _late_span_keys(max_retained_spans: int) -> frozenset[bytes]:
+    """Keys of a request holding one late span for a trace that was closed and scored."""
+    clock, accounting = ManualClock(), SpanAccounting()
+    buffer = PartitionBuffer(BufferLimits(max_retained_spans=max_retained_spans), accounting, clock.monotonic)
+    ingestor = Ingestor(buffer, accounting, retry_after=1.0)
+    request = ExportTraceServiceRequest.FromString(corpus_bytes())
+    assert ingestor.consume(request, "grpc").keys
+    clock.advance(60)
+    for closed in buffer.sweep():  # scored as a trace partition
+        buffer.settle_trace(closed)
+        buffer.done(closed)
+    late = ExportTraceServiceRequest.FromString(corpus_bytes())
+    spans = late.resource_spans[0].scope_spans[0].spans
+    spans[0].span_id = b"\x5a" * 8  # a span of the same trace, never seen
+    del spans[1:]
+    result = ingestor.consume(late, "grpc")
+    assert accounting.late == 1 and result.accepted == 1
+    return result.keys
+
+
+def test_a_late_span_holds_its_trace_only_while_a_revision_will_score_it() -> None:
+    """A late span with no revision to come would pin its WAL segment / Kafka offset for good: no
+    event would ever release it (segments then survived clean shutdowns and were re-scored)."""
+    trace_id = (
+        ExportTraceServiceRequest.FromString(corpus_bytes())
+        .resource_spans[0]
+        .scope_spans[0]
+        .spans[0]
+        .trace_id
+    )
+    assert _late_span_keys(max_retained_spans=100_000) == frozenset({trace_id})  # a revision follows
+    assert _late_span_keys(max_retained_spans=0) == frozenset()  # not retained: nothing to wait for
