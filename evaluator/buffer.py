@@ -477,6 +477,16 @@ class PartitionBuffer:
                 return [self._close_session(session, "limit", now)]
             return []
 
+    def will_score(self, trace_id: bytes) -> bool:
+        """Whether a score event still to come will name this trace: it is open, awaiting routing, in
+        an open session, or in a closed partition with a revision due. When not, nothing will
+        release what holds its spans (a write-ahead-log segment, a Kafka offset)."""
+        with self._lock:
+            if trace_id in self._traces:
+                return True
+            part = self._closed_traces.get(trace_id)
+            return part is not None and (part.state != "closed" or part.revision_due is not None)
+
     def discard_traces(self, trace_ids: set[bytes]) -> int:
         """Forget these open traces without scoring them; returns their span count.
 

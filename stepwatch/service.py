@@ -341,11 +341,14 @@ class Service:
 
     def _delivered(self, event: PartitionScores) -> None:
         """Every exporter has handled the event: the spans behind it need no replay."""
+        tenant = tenant_of(event.attributes)
+        self._release([self.scope.trace_key(tenant, bytes.fromhex(t)) for t in event.trace_ids])
+
+    def _release(self, keys: list[bytes]) -> None:
         for log_ in (self.wal, self.kafka_ingest):
             if log_ is not None:
-                tenant = tenant_of(event.attributes)
-                for trace_id in event.trace_ids:
-                    log_.release(self.scope.trace_key(tenant, bytes.fromhex(trace_id)))
+                for key in keys:
+                    log_.release(key)
 
     async def _from_kafka(self, message: IngestedMessage) -> set[bytes]:
         """One Kafka message into the buffer; its trace ids are the keys its offset is held by."""
@@ -626,6 +629,9 @@ class Service:
             if expectation is not None and expectation.partition == "session" and partition.session_id:
                 session_key = self.scope.session_key(tenant, partition.session_id)
                 more = self.buffer.join_session(closed, session_key, partition.task_key)
+                trace_key = bytes.fromhex(closed.partition_id)
+                if not self.buffer.will_score(trace_key):  # late to a closed session, no revision
+                    self._release([trace_key])
                 if any(c.reason == "limit" for c in more):
                     self.limit_meter.exceeded("traces_per_session")
                 return None, more

@@ -249,3 +249,26 @@ def test_routing_a_partition_twice_is_refused() -> None:
     buf.settle_trace(t1)
     with pytest.raises(ValueError, match="not awaiting routing"):
         buf.settle_trace(t1)
+
+
+def test_will_score_follows_a_trace_until_no_event_will_name_it() -> None:
+    """What the service asks before releasing a trace's log record without a score event."""
+    buf, clock, acc = make(max_retained_spans=0)
+    key = (1).to_bytes(16, "big")
+    assert not buf.will_score(key)  # never seen
+    buf.offer([rec(1, 1, root=True)])
+    assert buf.will_score(key)  # open
+    clock.advance(2.1)
+    (closed,) = buf.sweep()
+    assert buf.will_score(key)  # awaiting routing
+    buf.settle_trace(closed)
+    score(buf, acc, closed)
+    assert not buf.will_score(key)  # scored, not retained: a late span brings no revision
+    buf2, clock2, acc2 = make()
+    buf2.offer([rec(1, 1, root=True)])
+    clock2.advance(2.1)
+    (closed2,) = buf2.sweep()
+    buf2.settle_trace(closed2)
+    score(buf2, acc2, closed2)
+    assert buf2.offer([rec(1, 2)]).late == 1
+    assert buf2.will_score(key)  # retained: the late span's revision will name it
