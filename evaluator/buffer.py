@@ -64,9 +64,6 @@ class Admission:
     limit: int = 0
     full: bool = False
     """Nothing was taken: the buffer is at `max_buffered_spans`; the client should retry later."""
-    settled: set[bytes] = field(default_factory=set)
-    """Trace ids of spans here that will never be scored (late with no revision to come, or past a
-    partition's limit): nothing should hold a log record for them (write-ahead log, Kafka offset)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +220,6 @@ class PartitionBuffer:
         """A span for a trace that already closed: pending routing, in an open session, or late."""
         if part.limited:
             adm.limit += 1
-            adm.settled.add(rec[0])
         elif part.state == "pending":
             part.pending.append(rec)
             part.last = now
@@ -235,26 +231,22 @@ class PartitionBuffer:
             adm.accepted += 1
         else:
             adm.late += 1
-            if not self._late(part, [rec], now):
-                adm.settled.add(rec[0])
+            self._late(part, [rec], now)
 
-    def _late(self, part: _Part, records: list[SpanRecord], now: float) -> bool:
-        """Late spans (already counted): keep them for a revision while the part is retained.
-
-        Returns whether a revision will score them."""
+    def _late(self, part: _Part, records: list[SpanRecord], now: float) -> None:
+        """Late spans (already counted): keep them for a revision while the part is retained."""
         if not part.retained:
-            return False
+            return
         if self._retained + len(records) > self.limits.max_retained_spans:
             self._evict_retained(len(records), keep=part)
             if self._retained + len(records) > self.limits.max_retained_spans:
-                return False
+                return
         part.records = [*part.records, *records]  # copy on write: emitted snapshots stay intact
         self._retained += len(records)
         part.last = now
         if part.revision_due is None:
             self._revisions.append(part)
         part.revision_due = now + self.limits.trace_idle_timeout
-        return True
 
     # -- close detection (event loop) -----------------------------------------------------------
 

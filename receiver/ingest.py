@@ -80,6 +80,8 @@ class SpanSink(Protocol):
 class BufferTarget(Protocol):
     def offer(self, records: Sequence[SpanRecord]) -> Admission: ...
 
+    def will_score(self, trace_id: bytes) -> bool: ...
+
 
 def split_request(
     request: ExportTraceServiceRequest, encoded: bytes | None = None
@@ -277,8 +279,10 @@ class Ingestor:
                 acc.rejected["buffer_full"] += len(records)
                 result.retry_after, result.refusal = self.retry_after, "buffer_full"
                 return result
-            # a span that will never be scored must not pin its log record (no event will release it)
-            result.keys = frozenset(rec[0] for rec in records).difference(admission.settled)
+            # a span that will never be scored (late with no revision to come, past a partition's
+            # limit) must not pin its log record: no score event would ever release it
+            will_score = self.buffer.will_score
+            result.keys = frozenset(key for key in {rec[0] for rec in records} if will_score(key))
             if wal is not None:
                 ref, result.durable = wal.append_nowait(payload)
                 wal.track(ref, result.keys)
