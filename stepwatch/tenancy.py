@@ -49,7 +49,7 @@ JSON_DEPTH_MARK = "(json_depth limit: value nested too deeply, not unwrapped)"
 
 class TenantScope:
     """How a tenant separates buffer keys: the same trace or session id from two tenants is two
-    partitions (PartitionKey(tenant, type, id)), without the buffer knowing about tenants.
+    partitions, without the buffer knowing about tenants.
 
     Trace keys are the 16-byte trace id for the default tenant (so the WAL and Kafka offsets keep
     their keys) and `tenant \\x1f trace id` otherwise: the length tells them apart. Session keys

@@ -22,7 +22,7 @@ from .config import (
 )
 from .limits import LimitCounters, LimitExceeded, PrometheusLimitMeter, apply_span_limits, scoring_guard
 from .redaction import Redactor, SecretsLogFilter, strip_content
-from .tenants import DEFAULT_TENANT, PartitionKey, PerTenant, Tenant, TenantPolicy, partition_key
+from .tenants import DEFAULT_TENANT, PerTenant, Tenant, TenantPolicy
 from .tls import (
     ReloadingSSLContext,
     TLSConfigError,
@@ -46,7 +46,6 @@ __all__ = [
     "LimitCounters",
     "LimitExceeded",
     "LimitsConfig",
-    "PartitionKey",
     "PerTenant",
     "PrivacyConfig",
     "PrometheusLimitMeter",
@@ -69,7 +68,6 @@ __all__ = [
     "grpc_server_credentials",
     "otlp_grpc_channel_credentials",
     "otlp_http_exporter_tls_kwargs",
-    "partition_key",
     "scoring_guard",
     "server_ssl_context",
     "strip_content",

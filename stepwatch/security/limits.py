@@ -106,18 +106,6 @@ class PrometheusLimitMeter:
 # -- whole payloads ------------------------------------------------------------------------------
 
 
-def grpc_server_options(limits: LimitsConfig) -> list[tuple[str, int]]:
-    """gRPC server options enforcing the message size (grpc answers RESOURCE_EXHAUSTED itself)."""
-    return [("grpc.max_receive_message_length", limits.max_message_bytes)]
-
-
-def check_body_size(size: int, limits: LimitsConfig, meter: LimitMeter) -> None:
-    """HTTP body size (call again after decompression): LimitExceeded maps to 413."""
-    if size > limits.max_http_body_bytes:
-        meter.exceeded(MESSAGE_SIZE)
-        raise LimitExceeded(MESSAGE_SIZE, f"body of {size} bytes is over {limits.max_http_body_bytes}")
-
-
 def read_bounded(path: Path, max_bytes: int, meter: LimitMeter, limit: str = EXPECTATIONS_FILE_SIZE) -> bytes:
     """Read a file refusing more than `max_bytes` (checked on the bytes read, not just stat)."""
     with open(path, "rb") as handle:
@@ -155,33 +143,6 @@ def json_depth_exceeds(text: str, max_depth: int) -> bool:
         elif char in "]}":
             depth -= 1
     return False
-
-
-def loads_bounded(text: str | bytes, max_depth: int, meter: LimitMeter) -> Any:
-    """`json.loads` that refuses deep nesting with LimitExceeded instead of a RecursionError."""
-    import json
-
-    if isinstance(text, bytes):
-        text = text.decode("utf-8")
-    if json_depth_exceeds(text, max_depth):
-        meter.exceeded(JSON_DEPTH)
-        raise LimitExceeded(JSON_DEPTH, f"JSON nests deeper than {max_depth} levels")
-    return json.loads(text)
-
-
-def value_depth(value: Any) -> int:
-    """Nesting depth of decoded attribute values (lists/dicts), iteratively."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values())
-            deepest = max(deepest, depth + 1)
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
-            deepest = max(deepest, depth + 1)
-    return deepest
 
 
 # -- per span ------------------------------------------------------------------------------------
@@ -271,22 +232,6 @@ def apply_span_limits(spans: Sequence[Span], limits: LimitsConfig, meter: LimitM
     meter.exceeded(ATTRIBUTES_PER_SPAN, result.dropped_attributes)
     meter.exceeded(ATTRIBUTE_VALUE_LENGTH, result.truncated_values)
     return result
-
-
-# -- buffering -----------------------------------------------------------------------------------
-
-
-def admit(already: int, incoming: int, cap: int, limit: str, meter: LimitMeter) -> int:
-    """How many of `incoming` items fit under `cap` given `already` held; the rest are counted.
-
-    Used for spans per trace (the buffer rejects the excess with reason `limit`) and traces per
-    session (a session over the cap is closed and scored on what it holds).
-    """
-    room = max(0, cap - already)
-    accepted = min(room, incoming)
-    if incoming > accepted:
-        meter.exceeded(limit, incoming - accepted)
-    return accepted
 
 
 # -- expectations and scoring --------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, NamedTuple, TypeVar
+from typing import Generic, TypeVar
 
 from .config import DEFAULT_TENANT_NAME, PrivacyConfig, SecurityConfig
 
@@ -23,18 +23,6 @@ class Tenant:
 
 
 DEFAULT_TENANT = Tenant(DEFAULT_TENANT_NAME)
-
-
-class PartitionKey(NamedTuple):
-    """Buffer key: the same trace (or session) id sent by two tenants is two partitions."""
-
-    tenant: str
-    partition_type: str
-    id: str
-
-
-def partition_key(tenant: Tenant, partition_type: str, partition_id: str) -> PartitionKey:
-    return PartitionKey(tenant.name, partition_type, partition_id)
 
 
 T = TypeVar("T")

@@ -13,9 +13,9 @@ import pytest
 
 from stepwatch.evaluator.expectations_store import ExpectationsError, parse_expectations
 from stepwatch.receiver.decoded import DecodeError
+from stepwatch.receiver.http_server import BadRequest, request_from_json
 from stepwatch.receiver.loader import LoadError, load_bytes
 from stepwatch.receiver.otlp_json import decode_json_bytes
-from stepwatch.security.limits import LimitCounters, LimitExceeded, loads_bounded
 
 DEEP_ARRAY = b"[" * 100_000 + b"]" * 100_000
 DEEP_ANY_VALUE = (
@@ -57,10 +57,8 @@ def test_expectations_deeply_nested_yaml():
         parse_expectations("tasks:\n  t:\n    expected_steps: " + "[" * 5000 + "]" * 5000)
 
 
-def test_the_receiver_side_guard_refuses_deep_json_before_any_decoder_runs():
-    """What the HTTP receiver can call today (limit json_depth -> 400) whatever the decoders do."""
-    meter = LimitCounters()
+def test_the_http_json_front_end_refuses_deep_json_as_a_bad_request():
+    """Deep OTLP/JSON bodies are a 400 (BadRequest), never a RecursionError, whatever the shape."""
     for body in (DEEP_ARRAY, DEEP_ANY_VALUE):
-        with pytest.raises(LimitExceeded):
-            loads_bounded(body, 64, meter)
-    assert meter.counts == {"json_depth": 2}
+        with pytest.raises(BadRequest, match="nested too deeply"):
+            request_from_json(body)
