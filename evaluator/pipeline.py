@@ -28,7 +28,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from .expectation import Expectation, ExpectedStep, ScoringMethod
 from .model import Partition
-from .partitioning import EXPECTED_STEPS_ATTRIBUTE, SESSION_ID_ATTRIBUTES
+from .partitioning import EXPECTED_STEPS_ATTRIBUTE, SESSION_ID_ATTRIBUTES, root_spans
 from .results import ScoreResult
 from .scorers.base import Scorer, ScoringInput
 from .steps import (
@@ -37,9 +37,9 @@ from .steps import (
     TOOL_INPUT_ATTRIBUTES,
     TOOL_OUTPUT_ATTRIBUTES,
     ToolIO,
-    extract_steps,
+    extract_steps_from_spans,
 )
-from .trajectory_build import FINAL_ANSWER_ATTRIBUTES, TRAJECTORY_ATTRIBUTES, build_trajectory
+from .trajectory_build import FINAL_ANSWER_ATTRIBUTES, TRAJECTORY_ATTRIBUTES, build_trajectory_from_spans
 
 STEP_ACCURACY = "agent.step_accuracy"
 EXPECTED_STEPS_ERROR = "expected_steps_error"
@@ -101,10 +101,11 @@ def build_scoring_input(
     if error is not None:
         all_extras[EXPECTED_STEPS_ERROR] = error
     io: ToolIO = {}  # each tool span's input/output JSON parsed once for steps and trajectory
+    roots = root_spans(partition.spans)  # once for both
     return ScoringInput(
         partition=partition,
-        steps=extract_steps(partition, io),
-        trajectory=build_trajectory(partition, io),
+        steps=extract_steps_from_spans(partition.spans, io, roots),
+        trajectory=build_trajectory_from_spans(partition.spans, io, roots),
         expectation=expectation,
         expected_steps=expected_steps,
         scoring_method=method,

@@ -121,8 +121,19 @@ def step_kind(span: Span) -> StepKind | None:
 
 
 def step_name(span: Span, kind: StepKind) -> str:
-    names = TOOL_NAME_ATTRIBUTES if kind == "TOOL" else AGENT_NAME_ATTRIBUTES
-    value = first_attribute(span.attributes, names)
+    if kind == "TOOL":
+        return tool_step_name(span)
+    value = first_attribute(span.attributes, AGENT_NAME_ATTRIBUTES)
+    return str(value) if value is not None and value != "" else span.name
+
+
+def tool_step_name(span: Span) -> str:
+    """`step_name(span, "TOOL")` with TOOL_NAME_ATTRIBUTES read inline: it runs for every tool span
+    twice (steps and trajectory), and the generic loop costs more than the two lookups."""
+    attributes = span.attributes
+    value = attributes.get("gen_ai.tool.name")
+    if value is None:
+        value = attributes.get("tool.name")
     return str(value) if value is not None and value != "" else span.name
 
 
@@ -241,17 +252,31 @@ def extract_steps(partition: Partition, cache: ToolIO | None = None) -> list[Ste
     return extract_steps_from_spans(partition.spans, cache)
 
 
-def extract_steps_from_spans(spans: Sequence[Span], cache: ToolIO | None = None) -> list[Step]:
-    roots = {id(span) for span in root_spans(spans)}
-    step_spans: list[tuple[tuple[int, int, str, int], Span, StepKind]] = []
+_Order = tuple[int, int, str, int]
+
+
+def extract_steps_from_spans(
+    spans: Sequence[Span], cache: ToolIO | None = None, roots: Sequence[Span] | None = None
+) -> list[Step]:
+    """`roots`: `root_spans(spans)` when the caller already has it (it is not computed again).
+
+    One pass over the spans classifies each once: its step kind (non-roots only), the tool calls
+    its output issued, and its order key when it is either.
+    """
+    root_ids = {id(span) for span in (root_spans(spans) if roots is None else roots)}
+    step_spans: list[tuple[_Order, Span, StepKind]] = []
+    llm_calls: list[tuple[_Order, Span, list[EmbeddedCall]]] = []
     for span in spans:
-        if id(span) in roots:
+        kind = None if id(span) in root_ids else step_kind(span)
+        calls = embedded_tool_calls(span)
+        if kind is None and not calls:
             continue
-        kind = step_kind(span)
+        order = _order(span)
         if kind is not None:
-            step_spans.append((_order(span), span, kind))
-    llm_calls = [(_order(span), span, calls) for span in spans if (calls := embedded_tool_calls(span))]
-    llm_calls.sort(key=lambda item: item[0])
+            step_spans.append((order, span, kind))
+        if calls:
+            llm_calls.append((order, span, calls))
+    llm_calls.sort(key=_first)
     if not step_spans:
         return [
             Step(
@@ -266,16 +291,17 @@ def extract_steps_from_spans(spans: Sequence[Span], cache: ToolIO | None = None)
             for _, span, calls in llm_calls
             for call in calls
         ]
-    step_spans.sort(key=lambda item: item[0])
+    step_spans.sort(key=_first)
     rounds = _RoundMatcher(llm_calls)
     steps: list[Step] = []
     for order, span, kind in step_spans:
-        name = step_name(span, kind)
-        attributes = span.attributes
         if kind == "TOOL":
+            name = tool_step_name(span)
             step_input, step_output = tool_io(span, cache)
             round_id = rounds.claim(span, name, order)
         else:
+            name = step_name(span, kind)
+            attributes = span.attributes
             step_input = unwrap_json(attributes.get("input.value"))
             step_output = unwrap_json(attributes.get("output.value"))
             round_id = None
@@ -292,6 +318,10 @@ def extract_steps_from_spans(spans: Sequence[Span], cache: ToolIO | None = None)
             )
         )
     return steps
+
+
+def _first(item: tuple[_Order, Span, Any]) -> _Order:
+    return item[0]
 
 
 class _RoundMatcher:

@@ -17,11 +17,19 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from .model import Partition, Span
 from .partitioning import root_spans, sort_spans
-from .steps import TOOL_INPUT_ATTRIBUTES, TOOL_OUTPUT_ATTRIBUTES, ToolIO, first_attribute, step_name, tool_io
+from .steps import (
+    TOOL_INPUT_ATTRIBUTES,
+    TOOL_OUTPUT_ATTRIBUTES,
+    ToolIO,
+    first_attribute,
+    tool_io,
+    tool_step_name,
+)
 from .trajectory import TokenUsage, Trajectory, TrajectoryStep
 
 FINAL_ANSWER_ATTRIBUTES = ("output.value", "gen_ai.completion")
@@ -52,7 +60,7 @@ def is_tool_call(span: Span) -> bool:
 
 
 def tool_name(span: Span) -> str:
-    return step_name(span, "TOOL")
+    return tool_step_name(span)
 
 
 _new = object.__new__
@@ -74,25 +82,34 @@ def build_trajectory(partition: Partition, cache: ToolIO | None = None) -> Traje
     return build_trajectory_from_spans(partition.spans, cache)
 
 
-def build_trajectory_from_spans(spans: list[Span], cache: ToolIO | None = None) -> Trajectory:
-    """`cache`: the tool inputs/outputs step extraction already unwrapped (see steps.ToolIO)."""
+def build_trajectory_from_spans(
+    spans: list[Span], cache: ToolIO | None = None, roots: Sequence[Span] | None = None
+) -> Trajectory:
+    """`cache`: the tool inputs/outputs step extraction already unwrapped (see steps.ToolIO);
+    `roots`: `root_spans(spans)` when the caller already has it."""
     ordered = sort_spans(spans)
     steps = []
     for span in ordered:
         if is_tool_call(span):
             step_input, step_output = tool_io(span, cache)
-            steps.append(new_trajectory_step(tool_name(span), step_input, step_output))
+            steps.append(new_trajectory_step(tool_step_name(span), step_input, step_output))
     return Trajectory(
         steps=steps,
-        final_output=final_answer(ordered),
+        final_output=final_answer(ordered, roots),
         token_usage=token_usage(ordered),
         latency_ns=latency_ns(ordered),
     )
 
 
-def final_answer(ordered: list[Span]) -> str | None:
-    """The last-starting root candidate's answer; `ordered` must be in span order."""
-    for span in reversed(root_spans(ordered)):
+def final_answer(ordered: list[Span], roots: Sequence[Span] | None = None) -> str | None:
+    """The last-starting root candidate's answer; `ordered` must be in span order, `roots` (any
+    order) are `root_spans(ordered)` when the caller already has them."""
+    if roots is None:
+        candidates = reversed(root_spans(ordered))
+    else:
+        root_ids = {id(span) for span in roots}
+        candidates = (span for span in reversed(ordered) if id(span) in root_ids)
+    for span in candidates:
         value = first_attribute(span.attributes, FINAL_ANSWER_ATTRIBUTES)
         if value is not None:
             return value if isinstance(value, str) else json.dumps(value)
