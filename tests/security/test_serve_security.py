@@ -119,9 +119,10 @@ class Sender:
         headers = {"Content-Type": "application/x-protobuf"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        async with aiohttp.ClientSession() as session, session.post(
-            f"http://127.0.0.1:{self.http_port}/v1/traces", data=body, headers=headers
-        ) as resp:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"http://127.0.0.1:{self.http_port}/v1/traces", data=body, headers=headers) as resp,
+        ):
             data = await resp.read()
             if resp.status != 200:
                 return str(resp.status), None
