@@ -1,7 +1,6 @@
 """The score stage's cheaper paths give exactly what the plain code gives.
 
 - `new_trajectory_step` builds the same TrajectoryStep as `model_construct`;
-- `unwrap_json`'s raw_decode path equals json.loads (whitespace, trailing data, BOM, non-JSON);
 - `embedded_tool_calls`, with OpenInference keys parsed once per key set, equals a plain per-key scan;
 - `is_async_scorer`, cached per function, agrees with inspect for every kind of `score` callable;
 - `normalise_tool_name` (cached), the token counter's int fast path and `root_spans`' one-trace
@@ -12,14 +11,11 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import random
 import re
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from stepwatch.evaluator.model import Span, normalise_tool_name
 from stepwatch.evaluator.partitioning import root_spans
@@ -194,33 +190,3 @@ def test_root_spans_single_trace_path_equals_trace_and_span_id_pairs() -> None:
         assert root_spans(spans) == _plain_roots(spans)
         single = [span.model_copy(update={"trace_id": "c" * 32}) for span in spans]
         assert root_spans(single) == _plain_roots(single)
-
-
-def _loads_reference(value: Any) -> Any:
-    """unwrap_json as written with json.loads (before its raw_decode path)."""
-    if isinstance(value, str) and value:
-        head = value.lstrip()[:1]
-        if head and head in '{["-0123456789tfn':
-            try:
-                return json.loads(value)
-            except ValueError:
-                return value
-    return value
-
-
-_SPACE = st.sampled_from(["", " ", "\t", "\n", "\r", "\x0c", "\u2003", "\ufeff", "  \n"])
-_JSON_TEXT = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
-    lambda children: (
-        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=3), children, max_size=3)
-    ),
-    max_leaves=6,
-).map(json.dumps)
-
-
-@settings(max_examples=500, deadline=None)
-@given(_SPACE, _JSON_TEXT | st.text(max_size=8), _SPACE, st.sampled_from(["", "x", "}", "1", ",", " 2"]))
-def test_unwrap_json_equals_json_loads(before: str, body: str, after: str, tail: str) -> None:
-    text = before + body + after + tail
-    got, want = unwrap_json(text), _loads_reference(text)
-    assert got == want and type(got) is type(want)

@@ -1,6 +1,7 @@
 """The close-time fast paths give exactly what the plain code gives.
 
-- `unwrap_json`'s literal pre-check agrees with json.loads on tricky strings;
+- `unwrap_json` (literal pre-check, raw_decode) agrees with json.loads on tricky and generated text
+  (whitespace, trailing data, BOM, non-JSON);
 - `new_span` builds the same Span as `Span.model_construct`;
 - `records_request_bytes` re-assembles byte-identically to a plain reference re-assembly (below);
 - decoding only `scoring_attributes` scores every corpus trace exactly like a full decode with the
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from stepwatch.evaluator.expectation import Expectation
@@ -51,6 +54,26 @@ def _reference_unwrap(value: Any) -> Any:
      "the cat", "nan", "n", "t", "tru", "true,", "true\u00a0", "[1, 2]", "-3", "fixture", '{"a": 1}'],
 )  # fmt: skip
 def test_unwrap_json_matches_json_loads(text: str) -> None:
+    got, want = unwrap_json(text), _reference_unwrap(text)
+    assert got == want and type(got) is type(want)
+
+
+_SPACE = st.sampled_from(["", " ", "\t", "\n", "\r", "\x0c", "\u2003", "\ufeff", "  \n"])
+_JSON_TEXT = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=3), children, max_size=3)
+    ),
+    max_leaves=6,
+).map(json.dumps)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_SPACE, _JSON_TEXT | st.text(max_size=8), _SPACE, st.sampled_from(["", "x", "}", "1", ",", " 2"]))
+def test_unwrap_json_equals_json_loads_on_generated_text(
+    before: str, body: str, after: str, tail: str
+) -> None:
+    text = before + body + after + tail
     got, want = unwrap_json(text), _reference_unwrap(text)
     assert got == want and type(got) is type(want)
 
