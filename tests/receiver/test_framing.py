@@ -14,14 +14,13 @@ from pathlib import Path
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from receiver_rig import CORPUS
 
 from stepwatch.evaluator.accounting import SpanAccounting
 from stepwatch.evaluator.buffer import BufferLimits, PartitionBuffer
 from stepwatch.evaluator.clock import ManualClock
 from stepwatch.receiver.framing import span_extents
 from stepwatch.receiver.ingest import Ingestor, split_request
-
-CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus"
 
 
 def _spans(request: ExportTraceServiceRequest) -> list[Span]:

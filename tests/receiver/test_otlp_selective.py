@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from receiver_rig import CORPUS
 
 from stepwatch.evaluator.model import Span
 from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES
@@ -25,7 +26,6 @@ from stepwatch.receiver.ingest import split_request
 from stepwatch.receiver.otlp_proto import decode_request
 from stepwatch.receiver.otlp_selective import any_value_bytes, decode_selected
 
-CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus"
 SELECTION = scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES)
 
 
