@@ -5,34 +5,15 @@ from __future__ import annotations
 import hashlib
 import json
 from functools import cached_property
-from typing import Annotated, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .expected_steps import ExpectedStep, ScoringMethod, check_scorable, expected_steps_shape
 from .judge.settings import JudgeSettings
-from .rules import MaxSteps, MustCall, MustNotCall
+from .rules import RuleSpec
 
-ExpectedStep = str | list[str]
-"""A bare step name, or an unordered GROUP of bare names (one level of nesting only)."""
-
-ScoringMethod = Literal["edit_distance", "strict_position"]
-
-RuleSpec = Annotated[MustCall | MustNotCall | MaxSteps, Field(union_mode="left_to_right")]
-
-
-def validate_expected_steps(steps: list[ExpectedStep], scoring_method: ScoringMethod) -> None:
-    """Shared by config validation and by scoring-time checks of annotation-supplied steps."""
-    if not steps:
-        raise ValueError("expected_steps must hold at least one step")
-    for index, step in enumerate(steps):
-        if isinstance(step, list):
-            if scoring_method == "strict_position":
-                raise ValueError(
-                    f"expected_steps[{index}] is an unordered group; groups can only be scored "
-                    "with scoring_method edit_distance, not strict_position"
-                )
-            if not step:
-                raise ValueError(f"expected_steps[{index}] is an empty group")
+__all__ = ["Expectation", "ExpectedStep", "RuleSpec", "ScoringMethod"]
 
 
 class Expectation(BaseModel):
@@ -72,10 +53,17 @@ class Expectation(BaseModel):
         default=None, description="Scorers to run; default: every scorer this expectation can feed."
     )
 
+    @field_validator("expected_steps", mode="before")
+    @classmethod
+    def _steps_shape(cls, value: Any) -> Any:
+        # Before pydantic's own union errors, so the file reports what an annotation would.
+        return value if value is None else expected_steps_shape(value)
+
     @model_validator(mode="after")
-    def _check_steps(self) -> Expectation:
+    def _steps_scorable(self) -> Expectation:
+        # After: needs scoring_method, which is validated after expected_steps.
         if self.expected_steps is not None:
-            validate_expected_steps(self.expected_steps, self.scoring_method)
+            check_scorable(self.expected_steps, self.scoring_method)
         return self
 
     @cached_property

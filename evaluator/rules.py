@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 
 class FieldMatcher(BaseModel):
@@ -53,3 +53,37 @@ class MaxSteps(BaseModel):
 
 
 Rule = MustCall | MustNotCall | MaxSteps
+
+RULE_KEYS = ("must_call", "must_not_call", "max_steps")
+"""The key that says which rule a mapping is; a rule has exactly one of them."""
+
+_RULE_TAGS = {"must_call": "MustCall", "must_not_call": "MustNotCall", "max_steps": "MaxSteps"}
+
+
+def rule_tag(value: Any) -> str | None:
+    """Which rule model validates `value`, from its one rule key; None if it has none or several.
+
+    Tags are the model names, so an error's location reads like a plain union's
+    (`rules.0.MustNotCall.before`) and error formatters that drop model names print `rules[0].before`.
+    """
+    if isinstance(value, BaseModel):
+        name = type(value).__name__
+        return name if name in _RULE_TAGS.values() else None
+    if not isinstance(value, dict):
+        return None
+    present = [key for key in RULE_KEYS if key in value]
+    return _RULE_TAGS[present[0]] if len(present) == 1 else None
+
+
+RuleSpec = Annotated[
+    Annotated[MustCall, Tag("MustCall")]
+    | Annotated[MustNotCall, Tag("MustNotCall")]
+    | Annotated[MaxSteps, Tag("MaxSteps")],
+    Discriminator(
+        rule_tag,
+        custom_error_type="rule_kind",
+        custom_error_message=f"a rule needs exactly one of {', '.join(RULE_KEYS)}",
+    ),
+]
+"""A rule as written in an expectation: validated only as the model its rule key names, so an error
+is about that rule (`rules[0].before: unknown field`), not three union members' errors."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..expectation import ExpectedStep, ScoringMethod
+from ..expected_steps import ExpectedStep, ExpectedStepsError, ScoringMethod, validate_expected_steps
 from ..model import Step
 from ..results import ScoreResult
 from .alignment import AlignedStep, AlignmentTooLarge, align, names_match
@@ -24,35 +24,11 @@ class StepAccuracyError(ValueError):
 
 
 def check_expected_steps(expected: Sequence[Any], scoring_method: ScoringMethod) -> None:
-    """Scoring-time validation: annotation-supplied steps bypass the config validator (rule 6)."""
-    if scoring_method not in ("edit_distance", "strict_position"):
-        raise StepAccuracyError(f"unknown scoring_method {scoring_method!r}")
-    if not isinstance(expected, Sequence) or isinstance(expected, str) or not expected:
-        raise StepAccuracyError("expected_steps must be a non-empty list of step names or groups")
-    for index, token in enumerate(expected):
-        if isinstance(token, str):
-            continue
-        if not isinstance(token, list):
-            raise StepAccuracyError(
-                f"expected_steps[{index}] must be a step name or a list of step names, got {type(token).__name__}"
-            )
-        if scoring_method == "strict_position":
-            raise StepAccuracyError(
-                f"expected_steps[{index}] is an unordered group; groups can only be scored with "
-                "scoring_method edit_distance, not strict_position"
-            )
-        if not token:
-            raise StepAccuracyError(f"expected_steps[{index}] is an empty group")
-        for member_index, member in enumerate(token):
-            if isinstance(member, list):
-                raise StepAccuracyError(
-                    f"expected_steps[{index}][{member_index}] is a group inside a group; "
-                    "only one level of nesting is allowed"
-                )
-            if not isinstance(member, str):
-                raise StepAccuracyError(
-                    f"expected_steps[{index}][{member_index}] must be a step name, got {type(member).__name__}"
-                )
+    """Scoring-time validation: annotation-supplied steps are only shape-checked before (rule 6)."""
+    try:
+        validate_expected_steps(expected, scoring_method)
+    except ExpectedStepsError as exc:
+        raise StepAccuracyError(str(exc)) from None
 
 
 def _entry(step: AlignedStep) -> dict[str, Any]:

@@ -145,11 +145,14 @@ def test_groups_are_rejected_under_strict_position() -> None:
 @pytest.mark.parametrize(
     ("expected", "message"),
     [
-        (["a", ["b", ["c"]]], r"expected_steps\[1\]\[1\] is a group inside a group"),
+        (["a", ["b", ["c"]]], r"expected_steps\[1\]\[1\]: .*got a list \(groups cannot be nested\)"),
         (["a", []], r"expected_steps\[1\] is an empty group"),
         ([], "non-empty"),
-        (["a", 3], r"expected_steps\[1\] must be a step name"),
-        ([["a", None]], r"expected_steps\[0\]\[1\] must be a step name"),
+        (["a", 3], r"expected_steps\[1\]: Input should be a valid string \(a step name\) or a list"),
+        (
+            [["a", None]],
+            r"expected_steps\[0\]\[1\]: Input should be a valid string \(a step name\), got null",
+        ),
     ],
 )
 def test_malformed_expected_steps_are_rejected(expected: list[Any], message: str) -> None:
