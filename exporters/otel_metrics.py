@@ -23,7 +23,8 @@ from .. import __version__
 from .buckets import SCORE_BUCKETS
 from .config import OtelMetricsExporterConfig
 from .events import ScoreEvent
-from .otlp import BoundedValues, RegisteredTaskKeys, SdkProviderStream, default_resource, otlp_metric_exporter
+from .otlp import BoundedValues, SdkProviderStream, default_resource, otlp_metric_exporter
+from .task_keys import TaskKeyCap
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +61,14 @@ class OtelMetricsExporter(SdkProviderStream):
         is_registered: Callable[[str], bool] | None = None,
     ) -> None:
         """With `is_registered` (the service's expectations lookup) task keys follow the Prometheus
-        rule: registered keys up to max_task_keys keep their value, everything else is
-        `unregistered`. Without it, the first max_task_keys distinct keys are kept (`_other`)."""
+        rule (task_keys.TaskKeyCap): registered keys up to max_task_keys keep their value, everything
+        else is `unregistered`, and a reload frees removed keys' slots (expectations_reloaded).
+        Without it, the first max_task_keys distinct keys are kept (`_other`)."""
         self.config = config
         self._resource = resource or default_resource()
         self._metric_exporter = metric_exporter
         self._task_key: Callable[[str | None], str] = (
-            RegisteredTaskKeys(config.max_task_keys, is_registered)
+            TaskKeyCap(config.max_task_keys, is_registered)
             if is_registered is not None
             else BoundedValues(config.max_task_keys)
         )
@@ -108,6 +110,13 @@ class OtelMetricsExporter(SdkProviderStream):
             unit="{result}",
             description="Evaluations by outcome (pass, fail, error, not_scored).",
         )
+
+    def expectations_reloaded(self, ok: bool) -> None:
+        """After a reload is in use, free the task-key slots of keys it removed, as Prometheus does,
+        so a removed key cannot hold a slot of the cap forever. The SDK cannot delete a series: the
+        removed key's cumulative points are still exported (its `cardinality_limit` bounds them)."""
+        if ok and isinstance(self._task_key, TaskKeyCap):
+            self._task_key.forget_unregistered()
 
     def export(self, event: ScoreEvent) -> None:
         """Record one event; in-memory aggregation only, never blocks."""

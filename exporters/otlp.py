@@ -4,7 +4,6 @@ provider lifecycle, and bounded attribute values."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Protocol
 
 from opentelemetry.sdk._logs.export import LogRecordExporter
@@ -17,7 +16,6 @@ from .config import OtlpConfig
 SERVICE_NAME = "stepwatch"
 OTHER = "_other"
 NONE = "_none"
-UNREGISTERED = "unregistered"
 
 
 def default_resource() -> Resource:
@@ -77,21 +75,6 @@ class BoundedValues:
             self._seen.add(value)
             return value
         return OTHER
-
-
-class RegisteredTaskKeys:
-    """docs/metrics.md's task-key rule: registered keys (the first `limit` seen) keep their value;
-    unregistered or missing keys, and registered ones past the cap, share `unregistered`."""
-
-    def __init__(self, limit: int, is_registered: Callable[[str], bool]) -> None:
-        self._registered = is_registered
-        self._kept = BoundedValues(limit)
-
-    def __call__(self, value: str | None) -> str:
-        if value is None or not self._registered(value):
-            return UNREGISTERED
-        kept = self._kept(value)
-        return UNREGISTERED if kept == OTHER else kept
 
 
 class _SdkProvider(Protocol):

@@ -28,8 +28,8 @@ from stepwatch.evaluator.accounting import SpanAccounting
 
 from .base import PartitionScores
 from .buckets import SCORE_BUCKETS
+from .task_keys import UNREGISTERED, TaskKeyCap
 
-UNREGISTERED = "unregistered"
 GENERIC_LATENCY_BUCKETS: tuple[float, ...] = (
     0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0, 120.0,
 )  # fmt: skip
@@ -188,11 +188,9 @@ class PrometheusExporter:
         `trace_idle_timeout`, `session_idle_timeout`: the buffer's, so the latency histogram has
         fine buckets where partitions are scored (latency_buckets)."""
         self.registry = CollectorRegistry()
-        self._max_task_keys = max_task_keys
-        self._registered = registered
+        self._task_keys = TaskKeyCap(max_task_keys, registered)
         self._clock = clock
         self._tenant_label = tenant_label
-        self._task_labels: set[str] = set()
         self._counted: dict[tuple[str, ...], Any] = {}
         """`stepwatch_evaluations_total` children by label values (outcome last): labels() costs
         far more than inc(), and this is every child that family has, so a removed key is found here."""
@@ -238,15 +236,8 @@ class PrometheusExporter:
         self.registry.register(_IngestCollector(accounting, gauges, dropped))
 
     def task_label(self, task_key: str | None) -> str:
-        """The bounded label value for a task key."""
-        if task_key is None or not self._registered(task_key):
-            return UNREGISTERED
-        if task_key in self._task_labels:
-            return task_key
-        if len(self._task_labels) >= self._max_task_keys:
-            return UNREGISTERED
-        self._task_labels.add(task_key)
-        return task_key
+        """The bounded label value for a task key (task_keys.TaskKeyCap)."""
+        return self._task_keys(task_key)
 
     def expectations_reloaded(self, ok: bool) -> None:
         """Called after the new expectations are in use (the service swaps them first)."""
@@ -263,10 +254,9 @@ class PrometheusExporter:
         cannot grow label cardinality past `max_task_keys`. Prometheus marks the series stale;
         rate()/increase() over their past samples stay correct. The cached children go with their
         series, so a key registered again starts from zero. Returns the keys dropped."""
-        gone = {key for key in self._task_labels if not self._registered(key)}
+        gone = self._task_keys.forget_unregistered()
         if not gone:
             return []
-        self._task_labels -= gone
         gone_labels = gone - {UNREGISTERED}  # a key named like the shared value keeps that value's series
         for key in [key for key in self._counted if key[1] in gone_labels]:
             del self._counted[key]

@@ -738,6 +738,8 @@ class Service:
         if tenant == DEFAULT_TENANT.name:
             self.expectations = store
         self.prometheus.expectations_reloaded(True)
+        for stream in self.streams:
+            stream.expectations_reloaded(True)
 
     def _auth_rejected(self, protocol: str, spans: int) -> None:
         """A request without a valid token: its spans are received and rejected (reason auth)."""
