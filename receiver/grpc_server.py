@@ -65,10 +65,12 @@ class OtlpGrpcReceiver:
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         tenant: Callable[[], str] | None = None,
         on_too_large: Callable[[], None] | None = None,
+        limit_key: str = "receivers.grpc.max_recv_message_bytes",
     ) -> None:
         """`credentials` (TLS), `interceptors` (auth) and `tenant` (the current call's tenant, set by
         an interceptor) come from the composition root, so this module needs no security imports.
-        `on_too_large` meters requests over `max_recv_message_bytes` that gRPC lets through."""
+        `on_too_large` meters requests over `max_recv_message_bytes` that gRPC lets through;
+        `limit_key` is the configuration key whose value that is, named in the refusal."""
         self._credentials = credentials
         self._interceptors = list(interceptors)
         self._tenant = tenant
@@ -77,6 +79,7 @@ class OtlpGrpcReceiver:
         self._accounting = accounting
         self._address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self._max_recv = max_recv_message_bytes
+        self._limit_key = limit_key
         self._max_rpcs = max_concurrent_rpcs
         self._server: grpc.aio.Server | None = None
         self.port = port
@@ -114,7 +117,7 @@ class OtlpGrpcReceiver:
             self._accounting.requests_rejected["too_large"] += 1
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"request of {len(data)} bytes is over the limit of {self._max_recv} bytes",
+                f"request of {len(data)} bytes is over the limit of {self._max_recv} bytes ({self._limit_key})",
             )
         try:
             request = ExportTraceServiceRequest.FromString(data)

@@ -159,9 +159,11 @@ class OtlpHttpReceiver:
         middlewares: Sequence[Any] = (),
         tenant: Callable[[web.Request], str] | None = None,
         on_too_large: Callable[[], None] | None = None,
+        limit_key: str = "receivers.http.max_body_bytes",
     ) -> None:
         """TLS, auth middlewares and `tenant` (read from the request after the middleware ran) come
-        from the composition root; `on_too_large` meters bodies refused with 413."""
+        from the composition root; `on_too_large` meters bodies refused with 413; `limit_key` is the
+        configuration key whose value `max_body_bytes` is, named in the 413 message."""
         self._ssl = ssl_context
         self._middlewares = list(middlewares)
         self._tenant = tenant
@@ -171,6 +173,7 @@ class OtlpHttpReceiver:
         self._host = host
         self._port = port
         self._max = max_body_bytes
+        self._limit_key = limit_key
         self._runner: web.AppRunner | None = None
         self.port = port
 
@@ -224,7 +227,7 @@ class OtlpHttpReceiver:
             self._accounting.requests_rejected["too_large"] += 1
             if self._on_too_large is not None:
                 self._on_too_large()
-            return _status(413, code_pb2.RESOURCE_EXHAUSTED, f"{exc} (receivers.http.max_body_bytes)", media)
+            return _status(413, code_pb2.RESOURCE_EXHAUSTED, f"{exc} ({self._limit_key})", media)
         except BadRequest as exc:
             self._accounting.requests_rejected["decode"] += 1
             return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), media)

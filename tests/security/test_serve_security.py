@@ -479,3 +479,32 @@ async def test_redacted_attributes_never_reach_the_buffer(tmp_path: Path) -> Non
         assert SECRET not in repr(memory.events)
     finally:
         await service.shutdown(grace=1.0)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+async def test_a_size_refusal_names_the_limit_that_bound(tmp_path: Path, protocol: str) -> None:
+    """receivers.* and security.limits both cap a request's size; the message names the smaller."""
+    service = make_service(tmp_path, {"security": {"limits": LIMITS}})
+    await service.start()
+    huge = request(trace(1, 1, extra={"blob": "x" * 80_000}))
+    try:
+        if protocol == "grpc":
+            port = service.grpc.port  # type: ignore[union-attr]
+            async with grpc.aio.insecure_channel(
+                f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 64 * 2**20)]
+            ) as channel:
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await channel.unary_unary(EXPORT)(huge, timeout=10)
+            message = info.value.details() or ""
+        else:
+            url = f"http://127.0.0.1:{service.http.port}/v1/traces"  # type: ignore[union-attr]
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(url, data=huge, headers={"Content-Type": "application/x-protobuf"}) as resp,
+            ):
+                assert resp.status == 413
+                message = (await resp.read()).decode("latin-1")
+    finally:
+        await service.shutdown(grace=1.0)
+    key = "max_message_bytes" if protocol == "grpc" else "max_http_body_bytes"
+    assert f"security.limits.{key}" in message and "receivers." not in message
