@@ -5,7 +5,9 @@ buffer fills to `max_buffered_spans` (gigabytes) and every score arrives later t
 Holding a request (answering it later) slows each client to the rate scores are produced, keeps
 last-span-to-score latency near `trace_idle_timeout`, and loses nothing: an OTLP exporter waits
 for its answer before sending more. A request is held at most `max_wait` seconds, then taken
-anyway (the buffer bound still applies), so a client's timeout is never reached.
+anyway (the buffer bound still applies), so a client's timeout is never reached. The service caps
+`max_wait` at a quarter of `trace_idle_timeout`: concurrent clients' requests can be reordered by a
+hold, and a request held longer than that could arrive after the trace it belongs to closed.
 """
 
 from __future__ import annotations

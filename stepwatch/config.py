@@ -215,11 +215,12 @@ class ScoringConfig(Section):
         "keeps score latency near trace_idle_timeout under overload. 0: never hold.",
     )
     max_backlog_wait: float = Field(
-        default=2.0,
+        default=0.5,
         ge=0,
         le=30,
-        description="Longest a request is held for the scoring backlog, in seconds; then it is taken "
-        "anyway (buffer.max_buffered_spans still applies). Keep it well under client timeouts.",
+        description="Longest a request is held for the scoring backlog, in seconds, and never more than "
+        "a quarter of buffer.trace_idle_timeout (a request held longer could arrive after its trace "
+        "closed, making its spans late); then it is taken anyway (buffer.max_buffered_spans still applies).",
     )
 
 

@@ -155,7 +155,9 @@ class Service:
             name: Redactor.from_config(self.policy.privacy(Tenant(name))) for name in sec.tenancy.tenants
         }
         matchers = {name: r.matches if r.active else None for name, r in redactors.items()}
-        self.backlog = ScoringBacklog(config.scoring.max_backlog_spans, config.scoring.max_backlog_wait)
+        # held longer, a request could arrive after the trace it belongs to closed (late spans)
+        hold = min(config.scoring.max_backlog_wait, buffer_limits.trace_idle_timeout / 4)
+        self.backlog = ScoringBacklog(config.scoring.max_backlog_spans, hold)
         self.ingestor = Ingestor(
             self.buffer,
             self.accounting,

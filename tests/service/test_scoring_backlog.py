@@ -89,3 +89,11 @@ async def test_a_held_service_scores_everything_and_drains_its_backlog(tmp_path,
         assert await h.eventually(lambda: metrics.get("stepwatch_spans_scored_total"), expect=36.0) == 36.0
         assert await metrics.get("stepwatch_scoring_backlog_spans") == 0.0
         assert await metrics.get("stepwatch_spans_received_total", protocol="grpc") == 36.0
+
+
+def test_a_hold_is_capped_at_a_quarter_of_the_trace_idle_timeout() -> None:
+    """Holding reorders concurrent clients' requests; held longer, a request could arrive after the
+    trace it belongs to closed (its spans late)."""
+    environ = {"STEPWATCH_SCORING__MAX_BACKLOG_WAIT": "10", "STEPWATCH_BUFFER__TRACE_IDLE_TIMEOUT": "1"}
+    assert Service(load_config(None, environ=environ)).backlog.max_wait == 0.25
+    assert Service(load_config(None, environ={})).backlog.max_wait == 0.5  # the default
