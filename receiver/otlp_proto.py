@@ -3,8 +3,8 @@
 This is the receiver's hot path: attributes are read with direct oneof dispatch (no json_format),
 validation is a few length checks, and Spans are built like `model_construct` (every field is
 already checked here) but ~5x faster. Resource attribute dicts are shared by the spans of one
-resource: treat them as read-only. With an `AttributeSelection`, only the selected span attributes
-are converted (the scoring path's large LLM attributes are then never turned into Python strings).
+resource: treat them as read-only. The service's close path converts only the attributes scoring
+reads, with receiver/otlp_selective.py.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from google.protobuf.message import DecodeError as ProtobufDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from stepwatch.evaluator.model import Span
-from stepwatch.evaluator.pipeline import AttributeSelection
 
-from .attributes import proto_attributes, proto_value
+from .attributes import proto_attributes
 from .decoded import (
     INVALID_PARENT_SPAN_ID,
     INVALID_SPAN_ID,
@@ -56,24 +55,7 @@ def new_span(fields: dict[str, Any]) -> Span:
     return span
 
 
-def selected_attributes(key_values: Any, selection: AttributeSelection) -> dict[str, Any]:
-    """Like `proto_attributes`, keeping only selected keys (last of a repeated key wins)."""
-    keys = selection.keys
-    prefixes = selection.prefixes
-    out: dict[str, Any] = {}
-    for kv in key_values:
-        key = kv.key
-        if key in keys or key.startswith(prefixes):
-            out[key] = proto_value(kv.value)
-    return out
-
-
-def decode_request_bytes(
-    data: bytes,
-    selection: AttributeSelection | None = None,
-    full: set[int] | None = None,
-    max_attributes: int | None = None,
-) -> DecodeResult:
+def decode_request_bytes(data: bytes) -> DecodeResult:
     """Parse serialized ExportTraceServiceRequest bytes; DecodeError when they do not parse."""
     request = ExportTraceServiceRequest()
     try:
@@ -81,7 +63,7 @@ def decode_request_bytes(
     except ProtobufDecodeError as exc:
         reason = str(exc).rsplit(": ", 1)[-1] or "parse error"
         raise DecodeError(f"not a valid OTLP protobuf ExportTraceServiceRequest ({reason})") from exc
-    return decode_request(request, selection, full, max_attributes)
+    return decode_request(request)
 
 
 def span_rejection(
@@ -102,22 +84,8 @@ def span_rejection(
     return None
 
 
-def decode_request(
-    request: ExportTraceServiceRequest,
-    selection: AttributeSelection | None = None,
-    full: set[int] | None = None,
-    max_attributes: int | None = None,
-) -> DecodeResult:
-    """Every span of the request, in document order (`seq`), valid ones kept, invalid ones rejected.
-
-    `selection`: convert only these span attributes (resource attributes are always whole), except
-    for the spans whose index is in `full` or that carry more than `max_attributes` attributes:
-    those are converted whole and their index added to `full`, so the caller can apply the
-    per-span limits to exactly what a full decode would have given.
-    """
-    if full is None:
-        full = set()
-    most = max_attributes if max_attributes is not None else 1 << 62
+def decode_request(request: ExportTraceServiceRequest) -> DecodeResult:
+    """Every span of the request, in document order (`seq`), valid ones kept, invalid ones rejected."""
     result = DecodeResult()
     spans = result.spans
     rejected = result.rejected
@@ -144,14 +112,7 @@ def decode_request(
                 kind = span.kind
                 status = span.status
                 status_code = status.code
-                key_values = span.attributes
-                if selection is None:
-                    attributes = proto_attributes(key_values)
-                elif index in full or len(key_values) > most:
-                    full.add(index)
-                    attributes = proto_attributes(key_values)
-                else:
-                    attributes = selected_attributes(key_values, selection)
+                attributes = proto_attributes(span.attributes)
                 append(
                     new_span(
                         {

@@ -54,9 +54,9 @@ def records_request_bytes(records: Sequence[SpanRecord]) -> bytes:
     return b"".join(out)
 
 
-def decode_records(records: Sequence[SpanRecord], selection: AttributeSelection | None = None) -> list[Span]:
-    """Canonical Spans of buffered records (`seq` = their buffer order); `selection`: see module doc."""
-    return decode_request_bytes(records_request_bytes(records), selection).spans
+def decode_records(records: Sequence[SpanRecord]) -> list[Span]:
+    """Canonical Spans of buffered records with every attribute (`seq` = their buffer order)."""
+    return decode_request_bytes(records_request_bytes(records)).spans
 
 
 def decode_records_for_limits(

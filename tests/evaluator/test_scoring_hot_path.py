@@ -32,6 +32,7 @@ from stepwatch.evaluator.scorers.registry import ScorerRegistry
 from stepwatch.evaluator.steps import unwrap_json
 from stepwatch.receiver.ingest import split_request
 from stepwatch.receiver.otlp_proto import new_span
+from stepwatch.receiver.otlp_selective import decode_selected
 from stepwatch.receiver.records import decode_records, records_request_bytes
 
 CORPUS = Path("/work/shared/corpus")
@@ -155,7 +156,7 @@ def test_selected_decode_scores_like_full_decode(step_io: bool) -> None:
     groups = _corpus_records()
     for records in groups:
         full = partition_traces(decode_records(records))
-        slim = partition_traces(decode_records(records, selection))
+        slim = partition_traces(decode_selected(records, selection, set(), max_attributes=1 << 30))
         assert [p.model_copy(update={"spans": []}) for p in full] == [
             p.model_copy(update={"spans": []}) for p in slim
         ]
