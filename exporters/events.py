@@ -144,36 +144,6 @@ def root_span_id(partition: Partition, trace_id: str | None) -> str | None:
     return roots[0].span_id
 
 
-def build_score_event(
-    result: ScoreResult,
-    partition: Partition,
-    *,
-    revision: int,
-    close_reason: str,
-    tenant: str | None,
-    expectation_version: str | None,
-    include_payloads: bool,
-    scored_at: datetime,
-) -> ScoreEvent:
-    """Turn one ScoreResult on one partition revision into the event every score stream receives."""
-    trace_ids = list(partition.trace_ids) or ([partition.id] if partition.type == "trace" else [])
-    return make_score_event(
-        result,
-        partition_type=partition.type,
-        partition_id=partition.id,
-        trace_ids=trace_ids,
-        root_span=root_span_id(partition, trace_ids[0] if trace_ids else None),
-        session_id=partition.session_id,
-        task_key=partition.task_key,
-        revision=revision,
-        close_reason=close_reason,
-        tenant=tenant,
-        expectation_version=expectation_version,
-        include_payloads=include_payloads,
-        scored_at=scored_at,
-    )
-
-
 def make_score_event(
     result: ScoreResult,
     *,
@@ -190,7 +160,7 @@ def make_score_event(
     include_payloads: bool,
     scored_at: datetime,
 ) -> ScoreEvent:
-    """The builder for callers that hold partition identity but not its spans (the service)."""
+    """One ScoreResult on one partition revision as the event every score stream receives."""
     details = result.metadata if include_payloads else strip_payloads(result.metadata)
     score = result.score
     error = result.error

@@ -13,8 +13,38 @@ from aiokafka import AIOKafkaConsumer
 
 from stepwatch.evaluator.model import Partition, Span
 from stepwatch.evaluator.results import ScoreResult
-from stepwatch.exporters.events import ScoreEvent, build_score_event
+from stepwatch.exporters.events import ScoreEvent, make_score_event, root_span_id
 from stepwatch.receiver.kafka_ingest import stop_consumer
+
+
+def build_score_event(
+    result: ScoreResult,
+    partition: Partition,
+    *,
+    revision: int,
+    close_reason: str,
+    tenant: str | None,
+    expectation_version: str | None,
+    include_payloads: bool,
+    scored_at: datetime,
+) -> ScoreEvent:
+    """make_score_event for a test's Partition: trace ids and root span read from its spans."""
+    trace_ids = list(partition.trace_ids) or ([partition.id] if partition.type == "trace" else [])
+    return make_score_event(
+        result,
+        partition_type=partition.type,
+        partition_id=partition.id,
+        trace_ids=trace_ids,
+        root_span=root_span_id(partition, trace_ids[0] if trace_ids else None),
+        session_id=partition.session_id,
+        task_key=partition.task_key,
+        revision=revision,
+        close_reason=close_reason,
+        tenant=tenant,
+        expectation_version=expectation_version,
+        include_payloads=include_payloads,
+        scored_at=scored_at,
+    )
 
 
 def trace_id(i: int) -> str:

@@ -15,13 +15,13 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metric
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
-from scorestream_helpers import eventually, make_event, make_partition
+from scorestream_helpers import build_score_event, eventually, make_event, make_partition
 from serve_helpers import free_port
 
 from stepwatch.evaluator.model import Partition, Span
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.exporters.config import OtelEventsExporterConfig, OtelMetricsExporterConfig
-from stepwatch.exporters.events import ScoreEvent, ScoreEventExporter, build_score_event
+from stepwatch.exporters.events import ScoreEvent, ScoreEventExporter
 from stepwatch.exporters.otel_events import OtelEventsExporter
 from stepwatch.exporters.otel_metrics import OtelMetricsExporter
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from aiokafka.codec import has_snappy
 from pydantic import ValidationError
-from scorestream_helpers import make_event, make_partition
+from scorestream_helpers import build_score_event, make_event, make_partition
 
 from stepwatch import __version__
 from stepwatch.evaluator.expectation import Expectation
@@ -18,7 +18,6 @@ from stepwatch.evaluator.results import ScoreResult
 from stepwatch.exporters.config import KafkaExporterConfig, SpoolConfig
 from stepwatch.exporters.events import (
     ScoreEvent,
-    build_score_event,
     compute_event_id,
     score_event_json_schema,
 )
