@@ -30,7 +30,6 @@ from stepwatch.evaluator.clock import Clock, SystemClock
 from stepwatch.evaluator.expectation import Expectation
 from stepwatch.evaluator.expectations_store import ExpectationsStore
 from stepwatch.evaluator.judge.factory import build_runner
-from stepwatch.evaluator.judge.registration import judge_scorer_entries
 from stepwatch.evaluator.judge.runner import JudgeRunner
 from stepwatch.evaluator.model import Partition
 from stepwatch.evaluator.partitioning import build_partition
@@ -46,6 +45,7 @@ from stepwatch.evaluator.pipeline import (
 )
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.evaluator.scorers.base import Scorer, ScoringInput
+from stepwatch.evaluator.scorers.judge_registration import judge_scorer_entries
 from stepwatch.evaluator.scorers.registry import ScorerRegistry
 from stepwatch.exporters.base import FanOutExporter, PartitionScores, ScoreExporter
 from stepwatch.exporters.events import root_span_id

@@ -258,7 +258,7 @@ def _dataset_job(
     if isinstance(expectation, str):
         return Record(id=row_id, error=f"{where}: {expectation}")
     if not isinstance(trace, str) or not trace:
-        from stepwatch.evaluator.judge.inline import has_inline_fields
+        from stepwatch.evaluator.inline_rows import has_inline_fields
 
         if has_inline_fields(row):
             return InlineJob(id=row_id, row=row, expectation=expectation)
@@ -438,8 +438,8 @@ def _judge_runtime(args: argparse.Namespace) -> Any:
     if runtime is None:
         from stepwatch.evaluator.judge.factory import build_runner
         from stepwatch.evaluator.judge.openai import OpenAIJudgeConfig
-        from stepwatch.evaluator.judge.registration import judge_scorer_entries
         from stepwatch.evaluator.judge.settings import JudgeServiceConfig
+        from stepwatch.evaluator.scorers.judge_registration import judge_scorer_entries
         from stepwatch.evaluator.scorers.registry import ScorerRegistry
 
         overrides = {
@@ -520,7 +520,7 @@ def _score_partition(partition: Any, expectation: Any, scorers: list[Any], runne
 
 
 def _score_inline(job: InlineJob, args: argparse.Namespace) -> Record:
-    from stepwatch.evaluator.judge.inline import inline_scoring_input
+    from stepwatch.evaluator.inline_rows import inline_scoring_input
     from stepwatch.receiver.openinference_json import decode_openinference
 
     registry, runner = _judge_runtime(args)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from stepwatch.evaluator.expectation import Expectation
-from stepwatch.evaluator.judge.inline import has_inline_fields, score_inline_row
-from stepwatch.evaluator.judge.registration import judge_scorer_entries
+from stepwatch.evaluator.inline_rows import has_inline_fields, score_inline_row
 from stepwatch.evaluator.judge.runner import JudgeRunner
+from stepwatch.evaluator.scorers.judge_registration import judge_scorer_entries
 from stepwatch.evaluator.scorers.registry import ScorerRegistry
 from stepwatch.receiver.openinference_json import decode_openinference
 

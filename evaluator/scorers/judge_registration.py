@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..expectation import Expectation
-from ..scorers.plan_adherence import METRIC as PLAN_ADHERENCE
-from ..scorers.plan_adherence import PlanAdherenceScorer
-from ..scorers.registry import ScorerEntry
-from ..scorers.trajectory_steps import METRIC as TRAJECTORY_STEPS
-from ..scorers.trajectory_steps import TrajectoryStepsScorer
-from .runner import JudgeRunner
+from ..judge.runner import JudgeRunner
+from .plan_adherence import METRIC as PLAN_ADHERENCE
+from .plan_adherence import PlanAdherenceScorer
+from .registry import ScorerEntry
+from .trajectory_steps import METRIC as TRAJECTORY_STEPS
+from .trajectory_steps import TrajectoryStepsScorer
 
 
 def _listed(expectation: Expectation | None, name: str) -> bool | None:

@@ -8,13 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..expectation import Expectation
-from ..model import Partition, Span
-from ..partitioning import build_partition
-from ..pipeline import build_scoring_input, run_async_scorers
-from ..results import ScoreResult
-from ..scorers.base import Scorer, ScoringInput
-from ..trajectory import Trajectory
+from .expectation import Expectation
+from .model import Partition, Span
+from .partitioning import build_partition
+from .pipeline import build_scoring_input, run_async_scorers
+from .results import ScoreResult
+from .scorers.base import Scorer, ScoringInput
+from .trajectory import Trajectory
 
 INLINE_FIELDS = ("trajectory", "expected_trajectory", "input", "expected_plan")
 
