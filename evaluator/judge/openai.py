@@ -22,7 +22,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
-from pydantic import BaseModel, ConfigDict, Field
 
 from .base import (
     BudgetHook,
@@ -37,6 +36,7 @@ from .base import (
     stable_hash,
 )
 from .cache import JudgeCache
+from .settings import OpenAIJudgeConfig
 from .stats import JudgeStats
 
 FALLBACK_YES, FALLBACK_NO = 0.9, 0.1
@@ -48,37 +48,6 @@ SYSTEM_PROMPT = (
     "and one statement about them. Reply with exactly one word: Yes if the statement is true, "
     "No if it is false."
 )
-
-
-class OpenAIJudgeConfig(BaseModel):
-    """Where and how to ask; prices are per 1k tokens, in USD."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    base_url: str = "https://api.openai.com/v1"
-    model: str = "gpt-4o-mini"
-    api_key_env: str = Field(default="OPENAI_API_KEY", description="Environment variable holding the key.")
-    api_key_header: str = Field(
-        default="Authorization", description="`Authorization` (Bearer) or Azure's `api-key`."
-    )
-    query: dict[str, str] = Field(default_factory=dict, description="e.g. Azure's api-version.")
-    timeout_s: float = Field(default=20.0, gt=0)
-    max_concurrency: int = Field(default=4, ge=1)
-    max_retries: int = Field(default=3, ge=0)
-    backoff_base_s: float = Field(default=0.5, ge=0)
-    max_backoff_s: float = Field(default=30.0, ge=0)
-    max_retry_after_s: float = Field(
-        default=60.0, ge=0, description="A longer Retry-After fails fast instead of stalling scoring."
-    )
-    requests_per_minute: int | None = Field(default=None, ge=1)
-    max_rpm_wait_s: float = Field(default=5.0, ge=0, description="Longer waits for a slot fail fast.")
-    top_logprobs: int = Field(default=5, ge=1, le=20)
-    max_tokens_field: str = Field(
-        default="max_tokens", description="`max_completion_tokens` for newer models."
-    )
-    price_input_per_1k: float = Field(default=0.0, ge=0)
-    price_output_per_1k: float = Field(default=0.0, ge=0)
-    cache_entries: int = Field(default=10_000, ge=1)
 
 
 def probability_from_choice(choice: Mapping[str, Any]) -> float:

@@ -437,8 +437,7 @@ def _judge_runtime(args: argparse.Namespace) -> Any:
     runtime = getattr(args, "judge_runtime", None)
     if runtime is None:
         from stepwatch.evaluator.judge.factory import build_runner
-        from stepwatch.evaluator.judge.openai import OpenAIJudgeConfig
-        from stepwatch.evaluator.judge.settings import JudgeServiceConfig
+        from stepwatch.evaluator.judge.settings import JudgeServiceConfig, OpenAIJudgeConfig
         from stepwatch.evaluator.scorers.judge_registration import judge_scorer_entries
         from stepwatch.evaluator.scorers.registry import ScorerRegistry
 

@@ -23,9 +23,9 @@ from stepwatch.evaluator.judge.base import (
     Question,
 )
 from stepwatch.evaluator.judge.governor import JudgeGovernor
-from stepwatch.evaluator.judge.openai import OpenAIJudge, OpenAIJudgeConfig
+from stepwatch.evaluator.judge.openai import OpenAIJudge
 from stepwatch.evaluator.judge.runner import JudgeRunner
-from stepwatch.evaluator.judge.settings import JudgeBudget
+from stepwatch.evaluator.judge.settings import JudgeBudget, OpenAIJudgeConfig
 from stepwatch.evaluator.scorers.trajectory_steps import TrajectoryStepsScorer
 
 REFUND = {
