@@ -130,13 +130,7 @@ class Service:
         self.limits = sec.limits
         self.scope = TenantScope(sec)
         self.policy = TenantPolicy(sec, config.expectations.file)
-        buffer_limits = replace(
-            config.buffer.limits(),
-            max_spans_per_trace=min(config.buffer.max_spans_per_trace, sec.limits.max_spans_per_trace),
-            max_traces_per_session=min(
-                config.buffer.max_traces_per_session, sec.limits.max_traces_per_session
-            ),
-        )
+        buffer_limits = config.buffer.limits()
         self._origins = OriginCache()  # decoded resources and scopes of buffered spans
         self.buffer = PartitionBuffer(buffer_limits, self.accounting, self.clock.monotonic)
         limits = config.buffer
@@ -825,6 +819,4 @@ def _not_scored(out: _Scored, reason: str) -> list[ScoreResult]:
 
 
 def _with_results(event: PartitionScores, results: tuple[ScoreResult, ...]) -> PartitionScores:
-    from dataclasses import replace
-
     return replace(event, results=results)

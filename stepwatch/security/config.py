@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 TLSVersion = Literal["1.2", "1.3"]
 DEFAULT_TENANT_NAME = "default"
@@ -132,6 +132,10 @@ class TenancyConfig(_Model):
         return self
 
 
+MOVED_TO_BUFFER = ("max_spans_per_trace", "max_traces_per_session")
+"""Keys an earlier release also took under security.limits (the smaller of the two applied)."""
+
+
 class LimitsConfig(_Model):
     """Caps against hostile or runaway input; each is metered (stepwatch_limits_exceeded_total{limit})."""
 
@@ -147,8 +151,6 @@ class LimitsConfig(_Model):
     max_json_depth: int = Field(
         default=32, gt=0, description="Nesting depth when JSON strings are unwrapped."
     )
-    max_spans_per_trace: int = Field(default=10_000, gt=0)
-    max_traces_per_session: int = Field(default=1_000, gt=0)
     max_expectations_file_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     max_expected_steps: int = Field(default=1_000, gt=0, description="Steps in one expectation.")
     max_group_size: int = Field(default=16, gt=0, description="Names in one unordered group.")
@@ -160,6 +162,20 @@ class LimitsConfig(_Model):
         gt=0,
         description="Cap on observed x expected steps for the edit-distance table, bounding scoring time.",
     )
+
+    max_spans_per_trace: None = Field(default=None, exclude=True, repr=False, description="Moved to buffer.")
+    max_traces_per_session: None = Field(
+        default=None, exclude=True, repr=False, description="Moved to buffer."
+    )
+
+    @field_validator(*MOVED_TO_BUFFER, mode="before")
+    @classmethod
+    def _moved(cls, value: object, info: ValidationInfo) -> None:
+        """Spans per trace and traces per session are buffer limits: one key each, under `buffer`."""
+        raise ValueError(
+            f"moved to buffer.{info.field_name} (the one limit on it: a partition reaching it is "
+            "closed early and scored, reason `limit`); set it there and remove it here"
+        )
 
 
 class SecurityConfig(_Model):

@@ -8,6 +8,7 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from stepwatch.config import ConfigError, load_config
 from stepwatch.evaluator.expectation import Expectation
 from stepwatch.evaluator.model import Span, Step
 from stepwatch.evaluator.scorers.step_accuracy import step_accuracy
@@ -122,3 +123,19 @@ def test_prometheus_meter_exposes_every_limit_label():
     assert 'stepwatch_limits_exceeded_total{limit="json_depth"} 2.0' in text
     for name in LIMIT_NAMES:
         assert f'limit="{name}"' in text
+
+
+@pytest.mark.parametrize("key", ["max_spans_per_trace", "max_traces_per_session"])
+def test_partition_size_limits_live_under_buffer_and_the_old_key_names_the_new_one(tmp_path, key):
+    """One key per limit: an earlier release's security.limits copy is refused with where it went."""
+    path = tmp_path / "stepwatch.yaml"
+    path.write_text(f"security:\n  limits:\n    {key}: 5\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ={})
+    assert f"security.limits.{key} (from {path}): moved to buffer.{key}" in str(info.value)
+    variable = f"STEPWATCH_SECURITY__LIMITS__{key.upper()}"
+    with pytest.raises(ConfigError, match=f"from {variable}\\): moved to buffer.{key}"):
+        load_config(None, environ={variable: "5"})
+    config = load_config(None, environ={f"STEPWATCH_BUFFER__{key.upper()}": "5"})
+    assert getattr(config.buffer.limits(), key) == 5
+    assert key not in config.security.limits.model_dump()

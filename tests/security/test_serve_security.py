@@ -279,10 +279,9 @@ LIMITS = {
     "max_attributes_per_span": 4,
     "max_attribute_value_length": 100,
     "max_json_depth": 8,
-    "max_spans_per_trace": 5,
-    "max_traces_per_session": 2,
     "max_steps_per_partition": 3,
 }
+PARTITION_LIMITS = {"max_spans_per_trace": 5, "max_traces_per_session": 2}  # buffer.*, metered the same
 
 
 def limit_count(text: str, limit: str) -> float:
@@ -302,7 +301,11 @@ async def test_bad_input_catalogue_each_limit_once_valid_remainder_scored(
     memory = InMemoryScoreExporter()
     service = make_service(
         tmp_path,
-        {"security": {"limits": LIMITS}, "expectations": {"file": str(expectations)}},
+        {
+            "security": {"limits": LIMITS},
+            "buffer": PARTITION_LIMITS,
+            "expectations": {"file": str(expectations)},
+        },
         exporters=[memory],
     )
     await service.start()
