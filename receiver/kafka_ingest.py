@@ -2,7 +2,8 @@
 
 Reads what the Collector's Kafka exporter writes: each message value is one
 ExportTraceServiceRequest (`otlp_proto`, the default, or `otlp_json`), keyed by trace id
-(`partition_traces_by_id`) or by a session id (`message_key_from_metadata_key`). Kafka itself is
+(`partition_traces_by_id`) or by a session id (`message_key_from_metadata_key`). This module reads,
+holds offsets and commits; the sink (the service) decodes each value and buffers it. Kafka itself is
 the log here, so these spans need no WAL: offsets are committed only up to the oldest message
 that fed a partition not yet scored and emitted (see offsets.py), and a crash or a rebalance
 replays from there. Replays produce the same partitions again; score events carry a stable
@@ -26,8 +27,7 @@ from aiokafka.helpers import create_ssl_context
 from prometheus_client import CollectorRegistry, Gauge
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from .decoded import DecodeError, DecodeResult
-from .encodings import DECODERS, Encoding
+from .encodings import Encoding
 from .offsets import OffsetTracker
 
 log = logging.getLogger(__name__)
@@ -105,22 +105,21 @@ class KafkaIngestConfig(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class IngestedMessage:
-    """One Kafka message: where it came from, its value, and (when the ingest decodes) its spans."""
+    """One Kafka message as read: where it came from and its undecoded value."""
 
     topic: str
     partition: int
     offset: int
-    key: bytes | None
     value: bytes
-    result: DecodeResult | None
-    """None when the ingest was built with `decode=False`: the sink parses `value` itself."""
 
 
 class IngestSink(Protocol):
-    """Buffers a message's spans; returns the partition keys they went into (the keys later released).
+    """Decodes and buffers a message; returns the partition keys its spans went into (released later).
 
-    Awaiting is backpressure: the consumer reads nothing more meanwhile. Raising one of the
-    ingest's `retry_on` exceptions (a full buffer) retries the same message after a backoff.
+    The sink parses `value` (in `config.encoding`) itself; a message that does not decode is the
+    sink's to log and count, and it returns no keys, so the message never holds its partition's
+    commits. Awaiting is backpressure: the consumer reads nothing more meanwhile. Raising one of
+    the ingest's `retry_on` exceptions (a full buffer) retries the same message after a backoff.
     """
 
     def __call__(self, message: IngestedMessage) -> Awaitable[Iterable[Hashable]]: ...
@@ -142,15 +141,16 @@ class KafkaIngest:
         *,
         registry: CollectorRegistry | None = None,
         retry_on: tuple[type[BaseException], ...] = (),
-        on_undecodable: Callable[[IngestedMessage, DecodeError], None] | None = None,
-        decode: bool = True,
+        decode: Literal[False] = False,
     ) -> None:
+        """`decode` is accepted only because stepwatch/service.py still passes `decode=False`: the
+        ingest never decodes (the sink does); drop the argument once that caller stops passing it."""
+        if decode:
+            raise ValueError("KafkaIngest does not decode: the sink parses message values")
         self.config = config
         self._sink = sink
         self._on_lost = on_lost
         self._retry_on = retry_on
-        self._on_undecodable = on_undecodable
-        self._decode = DECODERS[config.encoding] if decode else None
         self._offsets = OffsetTracker()
         self._owned: set[TopicPartition] = set()
         self._lock = asyncio.Lock()
@@ -164,8 +164,6 @@ class KafkaIngest:
             ["partition"],
             registry=registry,
         )
-        self.messages = 0
-        self.undecodable = 0
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -191,11 +189,6 @@ class KafkaIngest:
             await self._commit(consumer, None)
             await self._lose(set(self._owned))
         await stop_consumer(consumer)
-
-    async def wait(self) -> None:
-        """Until the consume loop ends; re-raises what ended it (a sink failure, for one)."""
-        if self._task is not None:
-            await self._task
 
     # -- releases from the service ----------------------------------------------------------
 
@@ -238,21 +231,7 @@ class KafkaIngest:
 
     async def _ingest(self, tp: TopicPartition, message: Any) -> None:
         self._offsets.consumed(tp, message.offset)
-        value = message.value or b""
-        result = None
-        if self._decode is not None:
-            try:
-                result = self._decode(value)
-            except DecodeError as exc:
-                self.undecodable += 1
-                meta = IngestedMessage(tp.topic, tp.partition, message.offset, message.key, value, None)
-                if self._on_undecodable is not None:
-                    self._on_undecodable(meta, exc)
-                else:
-                    log.warning("kafka %s[%d]@%d: undecodable message skipped: %s", *meta_fields(meta), exc)
-                self._offsets.track(tp, message.offset, ())
-                return
-        ingested = IngestedMessage(tp.topic, tp.partition, message.offset, message.key, value, result)
+        ingested = IngestedMessage(tp.topic, tp.partition, message.offset, message.value or b"")
         backoff = self.config.retry_backoff_ms / 1000
         while True:
             try:
@@ -264,7 +243,6 @@ class KafkaIngest:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
         self._offsets.track(tp, message.offset, keys)
-        self.messages += 1
 
     async def _commit(self, consumer: AIOKafkaConsumer, tps: Iterable[TopicPartition] | None) -> None:
         self._last_commit = asyncio.get_running_loop().time()
@@ -311,10 +289,6 @@ class KafkaIngest:
                     consumer.seek(tp, next_offset)  # continue where we were: our buffers hold the rest
             self._owned = set(assigned)
         log.info("kafka ingest: assigned %s", sorted((tp.topic, tp.partition) for tp in assigned))
-
-
-def meta_fields(message: IngestedMessage) -> tuple[str, int, int]:
-    return message.topic, message.partition, message.offset
 
 
 class _Listener(ConsumerRebalanceListener):

@@ -1,8 +1,10 @@
-"""Kafka ingest against a real broker (tansu): both Collector encodings, watermark commits, hand-over."""
+"""Kafka ingest against a real broker (tansu): both Collector encodings through the service, bad
+messages, watermark commits, backpressure, hand-over."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import sys
 import textwrap
@@ -14,9 +16,12 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from durability_otlp import new_trace_id, to_otlp_json, trace_request
 from kafka_broker import TansuBroker
-from prometheus_client import CollectorRegistry
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from stepwatch.config import load_config
+from stepwatch.evaluator.clock import ManualClock
 from stepwatch.receiver.kafka_ingest import IngestedMessage, KafkaIngest, KafkaIngestConfig
+from stepwatch.service import Service
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +33,12 @@ def broker() -> Iterator[TansuBroker]:
 
 
 class RecordingSink:
-    """Stands in for the buffer: counts spans by trace and reports each trace id as a partition key."""
+    """Stands in for the service: parses each otlp_proto value, counts spans by trace, and reports
+    each trace id (hex) as a partition key.
+
+    It never suspends, so the ingest tracks a message's offset before a test polling `messages`
+    can see it: a test may release a key as soon as its message shows up here.
+    """
 
     def __init__(self) -> None:
         self.messages: list[IngestedMessage] = []
@@ -37,10 +47,13 @@ class RecordingSink:
 
     async def __call__(self, message: IngestedMessage) -> Iterable[Hashable]:
         self.messages.append(message)
-        assert message.result is not None
-        keys = {span.trace_id for span in message.result.spans}
-        for span in message.result.spans:
-            self.traces[span.trace_id] = self.traces.get(span.trace_id, 0) + 1
+        keys = set()
+        for rs in ExportTraceServiceRequest.FromString(message.value).resource_spans:
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    trace_id = span.trace_id.hex()
+                    keys.add(trace_id)
+                    self.traces[trace_id] = self.traces.get(trace_id, 0) + 1
         return keys
 
     async def on_lost(self, tps: set[TopicPartition], keys: set[Hashable]) -> None:
@@ -101,34 +114,91 @@ async def _committed(broker: TansuBroker, group: str, tp: TopicPartition) -> int
 
 
 @pytest.mark.parametrize("encoding", ["otlp_proto", "otlp_json"])
-async def test_consumes_collector_encodings_keyed_by_trace_id(broker: TansuBroker, encoding: str) -> None:
-    topic = f"spans-{encoding}"
+async def test_service_consumes_collector_encodings_and_skips_a_bad_message(
+    broker: TansuBroker, encoding: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The production path: the service's sink decodes each value in `receivers.kafka.encoding`."""
+    topic, group = f"spans-service-{encoding}", f"g-service-{encoding}"
+    tp = TopicPartition(topic, 0)
     await _create_topic(broker.bootstrap, topic, 1)
     trace_ids = [new_trace_id() for _ in range(6)]
-    messages = []
+    messages = [(b"junk", b"\xff\x00 not a request")]  # offset 0: neither protobuf nor JSON
     for trace_id in trace_ids:  # partition_traces_by_id: one trace per message, keyed by its id
         request = trace_request([trace_id], spans_per_trace=4)
         value = request.SerializeToString() if encoding == "otlp_proto" else to_otlp_json(request)
         messages.append((trace_id, value))
-    messages.append((b"junk", b"\xff\x00 not a request"))
     await _produce(broker.bootstrap, topic, messages)
-    sink = RecordingSink()
-    registry = CollectorRegistry()
+    environ = {
+        "STEPWATCH_RECEIVERS__GRPC__ENABLED": "false",
+        "STEPWATCH_RECEIVERS__HTTP__ENABLED": "false",
+        "STEPWATCH_EXPORTERS__PROMETHEUS__ENDPOINT": "127.0.0.1:0",
+        "STEPWATCH_RECEIVERS__KAFKA__ENABLED": "true",
+        "STEPWATCH_RECEIVERS__KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap,
+        "STEPWATCH_RECEIVERS__KAFKA__TOPIC": topic,
+        "STEPWATCH_RECEIVERS__KAFKA__GROUP_ID": group,
+        "STEPWATCH_RECEIVERS__KAFKA__ENCODING": encoding,
+        "STEPWATCH_RECEIVERS__KAFKA__INITIAL_OFFSET": "earliest",
+        "STEPWATCH_RECEIVERS__KAFKA__COMMIT_INTERVAL_MS": "50",
+        "STEPWATCH_RECEIVERS__KAFKA__SESSION_TIMEOUT_MS": "6000",
+        "STEPWATCH_RECEIVERS__KAFKA__HEARTBEAT_INTERVAL_MS": "500",
+    }
+    # a manual clock never advanced: no trace closes, so every trace still holds its offset
+    service = Service(load_config(None, environ=environ), clock=ManualClock())
+    caplog.set_level(logging.WARNING)
+    await service.start()
+    try:
+        ingest = service.kafka_ingest
+        assert ingest is not None
+        await _until(lambda: service.accounting.received["kafka"] == 24, what="the 6 traces' 24 spans")
+        await _until(lambda: ingest.watermark(tp) == 1, what="the bad message past the watermark")
+        assert service.accounting.requests_rejected["decode"] == 1
+        assert sum(service.accounting.rejected.values()) == 0
+        assert service.buffer.buffered_spans == 24
+    finally:
+        await service.shutdown(grace=1.0)
+    assert any(
+        record.levelno == logging.WARNING and f"{topic}[0]@0" in record.getMessage()
+        for record in caplog.records
+    ), "the skipped message is logged by topic, partition and offset"
+    # the bad message never held its partition; the unscored traces did (and were handed over)
+    assert await _committed(broker, group, tp) == 1
+    assert service.accounting.rejected["handed_over"] == 24
+
+
+async def test_full_sink_retries_the_same_message_and_reads_nothing_past_it(broker: TansuBroker) -> None:
+    topic, group = "spans-backpressure", "g-backpressure"
+    tp = TopicPartition(topic, 0)
+    await _create_topic(broker.bootstrap, topic, 1)
+    trace_ids = [new_trace_id() for _ in range(4)]
+    await _produce(broker.bootstrap, topic, [(t, trace_request([t]).SerializeToString()) for t in trace_ids])
+
+    class Full(Exception):
+        pass
+
+    recorder = RecordingSink()
+    attempts: list[int] = []
+
+    async def sink(message: IngestedMessage) -> Iterable[Hashable]:
+        attempts.append(message.offset)
+        if message.offset == 1 and attempts.count(1) <= 3:  # the buffer is full three times
+            raise Full()
+        return await recorder(message)
+
     ingest = KafkaIngest(
-        _config(broker, topic, f"g-{encoding}", encoding=encoding), sink, sink.on_lost, registry=registry
+        _config(broker, topic, group, retry_backoff_ms=10), sink, recorder.on_lost, retry_on=(Full,)
     )
     await ingest.start()
     try:
-        await _until(lambda: ingest.messages + ingest.undecodable == 7, what="all messages")
+        await _until(lambda: len(recorder.messages) == 4, what="all 4 messages")
+        assert attempts == [0, 1, 1, 1, 1, 2, 3], "message 1 retried until taken, nothing read past it"
+        assert [m.offset for m in recorder.messages] == [0, 1, 2, 3]
+        assert ingest.watermark(tp) == 0
+        for trace_id in trace_ids:
+            ingest.release(trace_id.hex())
+        assert ingest.watermark(tp) == 4
     finally:
         await ingest.stop()
-
-    assert sink.traces == {t.hex(): 4 for t in trace_ids}
-    assert [m.key for m in sink.messages] == trace_ids
-    assert ingest.undecodable == 1
-    assert {span.resource_attributes["service.name"] for m in sink.messages for span in m.result.spans} == {  # type: ignore[union-attr]
-        "agent"
-    }
+    assert await _committed(broker, group, tp) == 4
 
 
 async def test_offsets_are_committed_only_up_to_the_oldest_unemitted_message(broker: TansuBroker) -> None:
@@ -147,7 +217,7 @@ async def test_offsets_are_committed_only_up_to_the_oldest_unemitted_message(bro
     ingest = KafkaIngest(_config(broker, topic, group), first, first.on_lost)
     await ingest.start()
     try:
-        await _until(lambda: ingest.messages == 8, what="8 messages")
+        await _until(lambda: len(first.messages) == 8, what="8 messages")
         for index in (0, 1, 3):
             ingest.release(trace_ids[index].hex())
         await _until(lambda: ingest.watermark(tp) == 2, what="watermark at the unemitted message 2")
@@ -163,7 +233,7 @@ async def test_offsets_are_committed_only_up_to_the_oldest_unemitted_message(bro
     ingest = KafkaIngest(_config(broker, topic, group), second, second.on_lost)
     await ingest.start()
     try:
-        await _until(lambda: ingest.messages == 6, what="the 6 replayed messages")
+        await _until(lambda: len(second.messages) == 6, what="the 6 replayed messages")
         for trace_id in trace_ids:
             ingest.release(trace_id.hex())
         await _until(lambda: ingest.watermark(tp) == 8, what="everything emitted")
@@ -177,6 +247,7 @@ async def test_offsets_are_committed_only_up_to_the_oldest_unemitted_message(bro
 _CRASHING_CONSUMER = textwrap.dedent(
     """
     import asyncio, sys
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
     from stepwatch.receiver.kafka_ingest import KafkaIngest, KafkaIngestConfig
 
     async def main() -> None:
@@ -186,7 +257,9 @@ _CRASHING_CONSUMER = textwrap.dedent(
         seen = []
         async def sink(message):
             seen.append(message.offset)
-            return {span.trace_id for span in message.result.spans}
+            request = ExportTraceServiceRequest.FromString(message.value)
+            return {span.trace_id.hex() for rs in request.resource_spans for ss in rs.scope_spans
+                    for span in ss.spans}
         async def on_lost(tps, keys):
             pass
         ingest = KafkaIngest(config, sink, on_lost)
@@ -242,7 +315,9 @@ def test_killed_consumer_commits_nothing_past_the_watermark(broker: TansuBroker)
         again = KafkaIngest(_config(broker, topic, group), replay, replay.on_lost)
         await again.start()
         try:
-            await _until(lambda: again.messages == 4, timeout=45, what="replay after the session timeout")
+            await _until(
+                lambda: len(replay.messages) == 4, timeout=45, what="replay after the session timeout"
+            )
         finally:
             await again.stop()
         return committed, set(replay.traces)
@@ -261,7 +336,7 @@ async def test_rebalance_hands_partitions_over_and_the_new_owner_rebuilds(broker
     first = RecordingSink()
     a = KafkaIngest(_config(broker, topic, group), first, first.on_lost)
     await a.start()
-    await _until(lambda: a.messages == 40, what="A reads all 40")
+    await _until(lambda: len(first.messages) == 40, what="A reads all 40")
     emitted = {t.hex() for t in trace_ids[:10]}
     for key in emitted:
         a.release(key)
