@@ -160,6 +160,7 @@ class PartitionBuffer:
         self._closed: deque[_Part] = deque()  # closing order, for the late window
         self._retained_order: deque[_Part] = deque()
         self._revisions: list[_Part] = []
+        self._dropped: list[bytes] = []  # trace ids of revisions cancelled by eviction, for the service
         self._ready: list[ClosedPartition] = []  # closed by `limit` during offer()
         self._buffered = 0
         self._retained = 0
@@ -415,6 +416,16 @@ class PartitionBuffer:
                 part.revision_due = None
                 if part in self._revisions:
                     self._revisions.remove(part)
+                self._dropped.extend(part.trace_ids)
+
+    def take_dropped_revisions(self) -> list[bytes]:
+        """Trace ids of partitions whose due revision was cancelled (its retained spans evicted).
+
+        will_score() promised a score event for their late spans; none will come, so the caller
+        releases what holds those spans (a write-ahead-log segment, a Kafka offset)."""
+        with self._lock:
+            dropped, self._dropped = self._dropped, []
+        return dropped
 
     # -- routing and completion (scoring worker) --------------------------------------------------
 

@@ -482,22 +482,25 @@ class Service:
         while True:
             await asyncio.sleep(interval)
             try:
-                closed = self.buffer.sweep()
+                self.sweep_now()
             except Exception:
                 log.exception("close-detection sweep failed")
                 continue
-            if closed:
-                self._dispatch(closed)
             if self.wal is not None:
                 expired = self.wal.expire_holds(self._max_wal_hold)
                 if expired:
                     log.warning("write-ahead log: released %d partition hold(s) never released", expired)
 
     def sweep_now(self) -> None:
-        """Run one sweep immediately (tests with a manual clock)."""
+        """One close-detection sweep: dispatch what closed, release holds no score will release.
+
+        The sweep loop's step; tests with a manual clock call it directly."""
         closed = self.buffer.sweep()
         if closed:
             self._dispatch(closed)
+        dropped = self.buffer.take_dropped_revisions()
+        if dropped:
+            self._release(dropped)
 
     def _dispatch(self, closed: list[ClosedPartition]) -> None:
         self.backlog.add(sum(len(c.records) for c in closed))

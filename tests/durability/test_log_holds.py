@@ -71,3 +71,43 @@ async def test_a_trace_late_to_a_closed_session_releases_its_log_record(tmp_path
     finally:
         await service.shutdown(grace=1.0)
     assert not list((tmp_path / "data" / "wal").glob("*.wal"))  # nothing left to replay
+
+
+async def test_a_late_span_whose_revision_is_evicted_releases_its_log_record(tmp_path: Path) -> None:
+    """The late span was kept for a revision (will_score said yes); evicting the retained trace
+    cancels that revision, and with it the only event that would have released the record."""
+    environ = {
+        "STEPWATCH_DURABILITY__DATA_DIR": str(tmp_path / "data"),
+        "STEPWATCH_RECEIVERS__GRPC__ENABLED": "false",
+        "STEPWATCH_RECEIVERS__HTTP__ENABLED": "false",
+        "STEPWATCH_EXPORTERS__PROMETHEUS__ENDPOINT": "127.0.0.1:0",
+        "STEPWATCH_BUFFER__MAX_RETAINED_SPANS": "3",  # one 2-span trace and its late span
+    }
+    clock = ManualClock()
+    service = Service(load_config(None, environ=environ), clock=clock)
+    await service.start()
+    try:
+        assert service.wal is not None
+        first = _trace(1)
+        await service.ingestor.consume(first, "grpc").durable  # type: ignore[misc]
+        await _settle(service, clock, 1.0)
+        await service.ingestor.consume(_trace(2), "grpc").durable  # type: ignore[misc]
+        await _settle(service, clock, 1.5)  # trace 1 closes, is scored and retained; trace 2 open
+        assert service.accounting.scored == 2
+        late = ExportTraceServiceRequest()
+        late.resource_spans.add().scope_spans.add().spans.append(
+            first.resource_spans[0].scope_spans[0].spans[1]
+        )
+        late.resource_spans[0].scope_spans[0].spans[0].span_id = b"\x03" * 8
+        result = service.ingestor.consume(late, "grpc")
+        assert result.accepted == 1 and result.durable is not None
+        await result.durable
+        assert service.accounting.late == 1 and service.buffer.will_score(b"\x01" * 16)  # a revision due
+        await _settle(service, clock, 1.0)  # trace 2 closes before it; retaining it evicts trace 1
+        assert not service.buffer.will_score(b"\x01" * 16)
+        await _settle(service, clock, 0.05)  # the next sweep releases what the cancelled revision held
+        assert service.accounting.scored == 4 and service.accounting.late == 1
+        assert service.wal.held_keys() == 0
+    finally:
+        await service.shutdown(grace=1.0)
+    assert not list((tmp_path / "data" / "wal").glob("*.wal"))  # nothing left to replay

@@ -272,3 +272,29 @@ def test_will_score_follows_a_trace_until_no_event_will_name_it() -> None:
     score(buf2, acc2, closed2)
     assert buf2.offer([rec(1, 2)]).late == 1
     assert buf2.will_score(key)  # retained: the late span's revision will name it
+
+
+def test_a_revision_cancelled_by_eviction_is_handed_back_for_release() -> None:
+    """will_score() promised a revision for the late span; eviction cancels it, so the trace is
+    reported once, for the service to release its spans' log record / offset."""
+    buf, clock, acc = make(max_retained_spans=3)
+    one = (1).to_bytes(16, "big")
+    buf.offer([rec(1, 1), rec(1, 2, root=True)])
+    clock.advance(1.0)
+    buf.offer([rec(2, 1), rec(2, 2, root=True)])
+    clock.advance(1.1)
+    (closed,) = buf.sweep()  # trace 1 only
+    buf.settle_trace(closed)
+    score(buf, acc, closed)
+    assert buf.offer([rec(1, 3)]).late == 1  # its revision is due 2 s from now
+    assert buf.will_score(one) and buf.take_dropped_revisions() == []
+    clock.advance(1.0)
+    (closed2,) = buf.sweep()  # trace 2: retaining it evicts trace 1 (3 + 2 spans > 3)
+    buf.settle_trace(closed2)
+    score(buf, acc, closed2)
+    assert not buf.will_score(one)
+    assert buf.take_dropped_revisions() == [one]
+    assert buf.take_dropped_revisions() == []
+    clock.advance(5)
+    assert buf.sweep() == []  # no revision for trace 1
+    assert acc.late == 1
