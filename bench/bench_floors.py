@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""How far reading "only what scoring needs" can go in Python: floors next to the loadgen's `walk`.
+
+In one process, on the loadgen's traffic (CPU time per span, median of --rounds):
+  parse        - upb parses each ExportTraceServiceRequest (the loadgen's `count` floor, less gRPC);
+  walk         - parse, then every span's ids, name, times, status and attributes into Python values
+                 (the loadgen's sink_server `walk_spans`, the floor the issue compares with);
+  select       - the least Stepwatch's close path reads, with its own production pieces: each span's
+                 bytes framed (receiver/framing.py) and parsed in one upb call as LeanSpans
+                 (receiver/otlp_selective.py), then ids, name, kind, times, status and only the
+                 scoring attributes (`scoring_attributes`, no step I/O) into Python values: no
+                 canonical Span, no steps, no scores;
+  select_ids   - the same without any attribute: ids, name, kind, times and status only.
+`select` / `walk` is what any design that reads spans through upb in Python starts from, before it
+buffers, partitions, finds steps, scores or exports anything (bench_pipeline.py measures those).
+
+Usage: taskset -c 1 python bench/bench_floors.py [--traces 2000] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench_pipeline import DEFAULT_LOADGEN, make_traffic
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from stepwatch.config import load_config
+from stepwatch.evaluator.pipeline import scoring_attributes
+from stepwatch.receiver.framing import span_extents, varint_bytes
+from stepwatch.receiver.otlp_selective import LeanSpans, selected
+
+
+def lean_spans(requests: list[bytes]) -> list[object]:
+    """Every request's spans as one LeanSpans parse each, framed from the bytes as the buffer holds them."""
+    out = []
+    for data in requests:
+        extents = span_extents(data)
+        assert extents is not None
+        parts = []
+        for start, end in extents:
+            parts += (b"\x12", varint_bytes(end - start), data[start:end])
+        out.append(LeanSpans.FromString(b"".join(parts)).spans)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--loadgen", default=str(DEFAULT_LOADGEN))
+    parser.add_argument("--traces", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    sys.path.insert(0, args.loadgen)
+    from sink_server import walk_spans  # the loadgen's own walk, as its `walk` mode runs it
+
+    with tempfile.TemporaryDirectory(prefix="stepwatch-floors-") as tmp:
+        requests, _ = make_traffic(Path(args.loadgen), args.traces, args.seed, Path(tmp))
+    parse = ExportTraceServiceRequest.FromString
+    spans = sum(walk_spans(parse(r)) for r in requests)
+    keys = load_config(None, environ={}).partitioning.task_key_attributes
+    selection = scoring_attributes(keys, step_io=False)
+
+    def read(with_attributes: bool) -> None:
+        pick, wanted, prefixes = selected, selection.keys, selection.prefixes
+        rows = []
+        for lean in lean_spans(requests):
+            for span in lean:
+                status = span.status
+                rows.append(
+                    (
+                        span.trace_id,
+                        span.span_id,
+                        span.parent_span_id,
+                        span.name,
+                        span.kind,
+                        span.start_time_unix_nano,
+                        span.end_time_unix_nano,
+                        status.code,
+                        status.message,
+                        pick(span.attributes, wanted, prefixes) if with_attributes else None,
+                    )
+                )
+        assert len(rows) == spans
+
+    floors: dict[str, Callable[[], object]] = {
+        "parse": lambda: [parse(r) for r in requests],
+        "walk": lambda: [walk_spans(parse(r)) for r in requests],
+        "select": lambda: read(True),
+        "select_ids": lambda: read(False),
+    }
+    us: dict[str, list[float]] = {name: [] for name in floors}
+    for _ in range(args.rounds):
+        for name, fn in floors.items():
+            started = time.process_time()
+            fn()
+            us[name].append((time.process_time() - started) / spans * 1e6)
+    median = {name: round(statistics.median(values), 2) for name, values in us.items()}
+    print(
+        json.dumps(
+            {
+                "bench": "floors_in_process",
+                "spans": spans,
+                "us_per_span": median,
+                "select_over_walk": round(median["select"] / median["walk"], 2),
+                "select_ids_over_walk": round(median["select_ids"] / median["walk"], 2),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
