@@ -12,6 +12,9 @@ with `track(ref, keys)`, which buffered partitions (any hashable key: trace, ses
 fed; each key then holds each segment it has spans in, until `release(key)` once the partition
 is scored and its events handed to the exporters. A segment is deleted when it is not the active
 one and nothing holds it.
+
+Records are WalEntry payloads (wal_format.py): replay skips, logs and counts a record whose frame
+checks out but whose entry this release cannot replay, as it does a torn or corrupt one.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Literal
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .wal_format import HEADER_SIZE, Damage, frame_header, scan
+from .wal_format import HEADER_SIZE, Damage, UnreadableEntry, check_entry, frame_header, scan
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +111,7 @@ class WalMetrics:
         self.segments = Gauge("stepwatch_wal_segments", "Write-ahead log segment files.", registry=registry)
         self.corrupt = Counter(
             "stepwatch_wal_corrupt_records_total",
-            "Torn or corrupt write-ahead log records skipped on replay.",
+            "Torn, corrupt or unreadable (unknown entry layout) write-ahead log records skipped on replay.",
             registry=registry,
         )
 
@@ -150,13 +153,6 @@ class WriteAheadLog:
 
     # -- state ------------------------------------------------------------------------------
 
-    @property
-    def bytes(self) -> int:
-        return self._bytes
-
-    def segment_ids(self) -> list[int]:
-        return sorted(self._segments)
-
     def _path(self, segment: int) -> Path:
         return self._dir / f"{segment:020d}.wal"
 
@@ -186,7 +182,8 @@ class WriteAheadLog:
     # -- replay -----------------------------------------------------------------------------
 
     def replay(self) -> Iterator[tuple[RecordRef, bytes]]:
-        """Every valid record on disk in log order, skipping (and counting) torn or corrupt ones.
+        """Every valid record on disk in log order, skipping (and counting) torn or corrupt ones,
+        and those whose entry `check_entry` refuses (an old or unknown layout), logged as errors.
 
         Each yielded record holds its segment like a fresh append: call `track(ref, keys)` for it.
         Must run before `start()`; new appends then go to a new segment, never after a torn tail.
@@ -211,6 +208,18 @@ class WriteAheadLog:
                     )
                     continue
                 self._next_seq = max(self._next_seq, item.seq + 1)
+                try:
+                    check_entry(item.payload)
+                except UnreadableEntry as exc:
+                    self.metrics.corrupt.inc()
+                    log.error(
+                        "write-ahead log %s: record %d at offset %d not replayed, its spans are lost: %s",
+                        self._path(segment_id).name,
+                        item.seq,
+                        item.offset,
+                        exc,
+                    )
+                    continue
                 segment.holds += 1
                 yield RecordRef(segment_id, item.seq), item.payload
             segment.replayed = True

@@ -16,10 +16,7 @@ import struct
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-
-from stepwatch.evaluator.model import Span
-
-from .encodings import decode
+from typing import Literal
 
 MAGIC = b"SWL1"
 _HEADER = struct.Struct("<4sIQI")
@@ -34,11 +31,6 @@ def frame_header(seq: int, payload: bytes) -> bytes:
     length = len(payload)
     crc = zlib.crc32(payload, zlib.crc32(_CRC_FIELDS.pack(length, seq)))
     return _HEADER.pack(MAGIC, length, seq, crc)
-
-
-def encode_frame(seq: int, payload: bytes) -> bytes:
-    """One frame, ready to append to a segment file."""
-    return frame_header(seq, payload) + payload
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,49 +99,74 @@ def _resync(data: bytes, view: memoryview, start: int) -> int | None:
 
 # -- entry payloads ---------------------------------------------------------------------------
 
-ENCODINGS: tuple[str, ...] = ("otlp_proto", "otlp_json")
-"""Wire codes of WalEntry.encoding: append only, the index is what is stored."""
 _ENTRY_HEAD = struct.Struct("<BBHI")
+"""version | encoding code | u16 tenant length | u32 skip-list length; then the tenant (UTF-8),
+4 bytes per skip-list index, and the request body."""
 _ENTRY_VERSION = 1
+_OTLP_PROTO = 0
+_OTLP_JSON = 1
+"""Encoding code of an OTLP/JSON body: the layout allows it, no release wrote it; refused on read."""
+
+
+class UnreadableEntry(ValueError):
+    """A record whose frame checks out but that this release does not replay; the message says why."""
+
+
+def check_entry(payload: bytes) -> tuple[str, int]:
+    """The tenant and where the body starts, or UnreadableEntry for a record this release cannot replay.
+
+    Refused rather than misread: an unknown version or encoding, an OTLP/JSON body, and a non-empty
+    skip list (spans the client was told were rejected: replaying the whole body would re-ingest
+    them). The layout has room for the last two; no release wrote them.
+    """
+    if len(payload) < _ENTRY_HEAD.size:
+        raise UnreadableEntry(f"{len(payload)} bytes, shorter than an entry head ({_ENTRY_HEAD.size})")
+    version, encoding, tenant_len, skip_len = _ENTRY_HEAD.unpack_from(payload)
+    if version != _ENTRY_VERSION:
+        raise UnreadableEntry(f"entry version {version}; this release reads version {_ENTRY_VERSION}")
+    if encoding == _OTLP_JSON:
+        raise UnreadableEntry("an OTLP/JSON request body; this release replays only otlp_proto bodies")
+    if encoding != _OTLP_PROTO:
+        raise UnreadableEntry(f"unknown body encoding code {encoding}")
+    if skip_len:
+        raise UnreadableEntry(
+            f"a skip list of {skip_len} span(s) rejected at ingest; this release does not honour skip "
+            "lists, and replaying the whole body would re-ingest those spans"
+        )
+    start = _ENTRY_HEAD.size + tenant_len
+    if start > len(payload):
+        raise UnreadableEntry(f"tenant of {tenant_len} bytes runs past the end of the record")
+    try:
+        tenant = payload[_ENTRY_HEAD.size : start].decode()
+    except UnicodeDecodeError as exc:
+        raise UnreadableEntry("tenant is not UTF-8") from exc
+    return tenant, start
 
 
 @dataclass(frozen=True, slots=True)
 class WalEntry:
     """What the service needs to rebuild its buffers: one accepted OTLP request.
 
-    `data` is the request body as received (decompressed), `encoding` one of ENCODINGS, and
-    `skip` the document-order indices (`Span.seq`) of spans that were not accepted (rejected by
-    validation or by the buffer), so a replay re-ingests exactly the spans that were acknowledged.
-    Storing the original bytes costs no re-encoding on the hot path.
+    `data` is the ExportTraceServiceRequest as protobuf: the body as received (decompressed), or,
+    when some spans were rejected, re-serialized with only the accepted ones, so a replay
+    re-ingests exactly the spans that were acknowledged. `encoding` is always "otlp_proto".
     """
 
     tenant: str
-    encoding: str
+    encoding: Literal["otlp_proto"]
     data: bytes
-    skip: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.encoding != "otlp_proto":
+            raise ValueError(f"WAL entries hold otlp_proto bodies, not {self.encoding!r}")
 
     def to_bytes(self) -> bytes:
         tenant = self.tenant.encode()
-        head = _ENTRY_HEAD.pack(_ENTRY_VERSION, ENCODINGS.index(self.encoding), len(tenant), len(self.skip))
-        skip = struct.pack(f"<{len(self.skip)}I", *self.skip) if self.skip else b""
-        return b"".join((head, tenant, skip, self.data))
-
-    def spans(self) -> list[Span]:
-        """The spans this entry acknowledged, decoded again (decoding is deterministic)."""
-        spans = decode(self.encoding, self.data).spans
-        if not self.skip:
-            return spans
-        skip = set(self.skip)
-        return [span for span in spans if span.seq not in skip]
+        head = _ENTRY_HEAD.pack(_ENTRY_VERSION, _OTLP_PROTO, len(tenant), 0)
+        return b"".join((head, tenant, self.data))
 
     @classmethod
     def from_bytes(cls, payload: bytes) -> WalEntry:
-        version, encoding, tenant_len, skip_len = _ENTRY_HEAD.unpack_from(payload)
-        if version != _ENTRY_VERSION or encoding >= len(ENCODINGS):
-            raise ValueError(f"unknown WAL entry version {version} or encoding {encoding}")
-        offset = _ENTRY_HEAD.size
-        tenant = payload[offset : offset + tenant_len].decode()
-        offset += tenant_len
-        skip = struct.unpack_from(f"<{skip_len}I", payload, offset) if skip_len else ()
-        offset += 4 * skip_len
-        return cls(tenant, ENCODINGS[encoding], payload[offset:], tuple(skip))
+        """The entry; UnreadableEntry (a ValueError) for a record `check_entry` refuses."""
+        tenant, start = check_entry(payload)
+        return cls(tenant, "otlp_proto", payload[start:])

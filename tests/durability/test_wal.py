@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
+import zlib
 from pathlib import Path
 
 import pytest
 from durability_otlp import new_trace_id, to_otlp_json, trace_request
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from prometheus_client import CollectorRegistry
 
+from stepwatch.config import load_config
+from stepwatch.evaluator.clock import ManualClock
 from stepwatch.receiver.wal import RecordRef, WalClosed, WalConfig, WalFull, WriteAheadLog
 from stepwatch.receiver.wal_format import HEADER_SIZE, WalEntry
+from stepwatch.service import Service
 
 SEGMENT = 64 * 1024
 
@@ -25,8 +32,18 @@ def _config(directory: Path, **overrides: object) -> WalConfig:
     return WalConfig.model_validate(values)
 
 
+def _entry(body: bytes, tenant: str = "") -> bytes:
+    """A record as the service writes it (the log replays only entries it can read)."""
+    return WalEntry(tenant, "otlp_proto", body).to_bytes()
+
+
+ENTRY_HEAD = len(_entry(b""))
+
+
 def _payload(i: int, size: int = 5000) -> bytes:
-    return (f"record-{i:05d}|".encode() * (size // 13 + 1))[:size]
+    """A record of exactly `size` bytes, distinct per `i`."""
+    body = size - ENTRY_HEAD
+    return _entry((f"record-{i:05d}|".encode() * (body // 13 + 1))[:body])
 
 
 def _segment_files(directory: Path) -> list[str]:
@@ -36,7 +53,7 @@ def _segment_files(directory: Path) -> list[str]:
 def _replay_all(wal: WriteAheadLog) -> list[tuple[RecordRef, bytes]]:
     records = []
     for ref, payload in wal.replay():
-        wal.track(ref, [("payload", payload[:12])])
+        wal.track(ref, [("payload", payload)])
         records.append((ref, payload))
     return records
 
@@ -80,11 +97,11 @@ async def test_torn_tail_record_is_skipped_and_earlier_records_kept(tmp_path: Pa
     assert registry.get_sample_value("stepwatch_wal_corrupt_records_total") == 1
     # the log keeps working after the torn tail: new records land in a new segment and replay later
     await wal.start()
-    ref = await wal.append(b"after the crash")
+    ref = await wal.append(_entry(b"after the crash"))
     wal.track(ref, ["trace-new"])
     await wal.stop()
     again = _replay_all(WriteAheadLog(_config(tmp_path)))
-    assert [payload for _, payload in again][-1] == b"after the crash"
+    assert [payload for _, payload in again][-1] == _entry(b"after the crash")
     assert len(again) == 30
 
 
@@ -168,27 +185,34 @@ async def test_append_raises_wal_full_at_the_bound_and_recovers_after_release(tm
 
     for i in range(appended // 2):
         wal.release(f"trace-{i}")
-    ref = await wal.append(b"room again")
+    ref = await wal.append(_entry(b"room again"))
     wal.track(ref, [])
     await wal.stop()
     with pytest.raises(WalClosed):
-        await wal.append(b"after stop")
+        await wal.append(_entry(b"after stop"))
+
+
+def _trace_ids(entry: WalEntry) -> set[str]:
+    request = ExportTraceServiceRequest.FromString(entry.data)
+    return {
+        span.trace_id.hex() for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans
+    }
 
 
 async def test_restart_replays_records_of_live_segments_and_drops_released_segments(tmp_path: Path) -> None:
     trace_ids = [new_trace_id() for _ in range(6)]
     wal = WriteAheadLog(_config(tmp_path))
     await wal.start()
-    kept = WalEntry("tenant-a", "otlp_proto", trace_request(trace_ids[:3]).SerializeToString(), skip=(1,))
+    kept = WalEntry("tenant-a", "otlp_proto", trace_request(trace_ids[:3]).SerializeToString())
     ref = await wal.append(kept.to_bytes())
     wal.track(ref, [t.hex() for t in trace_ids[:3]])
-    filler = WalEntry("tenant-a", "otlp_json", _payload(0, 4000))
+    filler = WalEntry("tenant-a", "otlp_proto", _payload(0, 4000))
     for i in range(60):  # scored and released work: whole segments of it rotate out
         ref = await wal.append(filler.to_bytes())
         wal.track(ref, [f"done-{i}"])
         wal.release(f"done-{i}")
-    json_entry = WalEntry("", "otlp_json", to_otlp_json(trace_request(trace_ids[3:])))
-    ref = await wal.append(json_entry.to_bytes())
+    later = WalEntry("", "otlp_proto", trace_request(trace_ids[3:]).SerializeToString())
+    ref = await wal.append(later.to_bytes())
     wal.track(ref, [trace_ids[3].hex()])
     await wal.stop()
 
@@ -197,16 +221,104 @@ async def test_restart_replays_records_of_live_segments_and_drops_released_segme
     for ref, payload in restarted.replay():
         entry = WalEntry.from_bytes(payload)
         entries.append(entry)
-        restarted.track(ref, [] if entry == filler else {span.trace_id for span in entry.spans()})
+        restarted.track(ref, [] if entry == filler else _trace_ids(entry))
 
     live = [entry for entry in entries if entry != filler]
-    assert live == [kept, json_entry]
-    first = kept.spans()
-    assert len(first) == 8 and 1 not in {span.seq for span in first}, "skipped span 1 is not re-ingested"
-    assert {span.trace_id for span in json_entry.spans()} == {t.hex() for t in trace_ids[3:]}
+    assert live == [kept, later]
+    assert _trace_ids(live[0]) == {t.hex() for t in trace_ids[:3]} and live[0].tenant == "tenant-a"
+    assert _trace_ids(live[1]) == {t.hex() for t in trace_ids[3:]} and live[1].tenant == ""
     # released work is replayed only where it shares a segment with live records (at-least-once)
     assert len(entries) <= 62 - 2 * (SEGMENT // 4100)
     assert len(_segment_files(tmp_path)) == 2
+
+
+# -- records of the entry layout's unused options, built by hand -------------------------------
+
+_ENTRY_HEAD = struct.Struct("<BBHI")  # version, encoding code (0 otlp_proto, 1 otlp_json), tenant, skips
+
+
+def _old_entry(
+    body: bytes, *, tenant: str = "", encoding: int = 0, skip: tuple[int, ...] = (), version: int = 1
+) -> bytes:
+    name = tenant.encode()
+    head = _ENTRY_HEAD.pack(version, encoding, len(name), len(skip))
+    return head + name + struct.pack(f"<{len(skip)}I", *skip) + body
+
+
+def _frame(seq: int, payload: bytes) -> bytes:
+    """magic "SWL1" | u32 length | u64 sequence | u32 CRC32 of (length, sequence, payload) | payload"""
+    crc = zlib.crc32(payload, zlib.crc32(struct.pack("<IQ", len(payload), seq)))
+    return struct.pack("<4sIQI", b"SWL1", len(payload), seq, crc) + payload
+
+
+def _old_segment(directory: Path, valid: list[bytes]) -> None:
+    """Segment 0: a readable record, the three kinds this release refuses, another readable record."""
+    trace_ids = [new_trace_id() for _ in range(3)]
+    refused = [
+        _old_entry(to_otlp_json(trace_request(trace_ids[:1])), encoding=1),
+        _old_entry(trace_request(trace_ids[1:2]).SerializeToString(), skip=(1, 2)),
+        _old_entry(trace_request(trace_ids[2:]).SerializeToString(), version=2),
+    ]
+    records = [valid[0], *refused, valid[1]]
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{0:020d}.wal").write_bytes(b"".join(_frame(seq, r) for seq, r in enumerate(records)))
+
+
+async def test_records_of_an_old_layout_are_refused_logged_and_counted_not_misread(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = trace_request([new_trace_id()]).SerializeToString()
+    last = trace_request([new_trace_id()]).SerializeToString()
+    valid = [_old_entry(first, tenant="tenant-a"), _old_entry(last)]
+    assert valid == [_entry(first, "tenant-a"), _entry(last)], "the writer still writes this layout"
+    _old_segment(tmp_path, valid)
+    registry = CollectorRegistry()
+    caplog.set_level(logging.ERROR)
+
+    wal = WriteAheadLog(_config(tmp_path), registry=registry)
+    replayed = [(ref.seq, WalEntry.from_bytes(payload)) for ref, payload in _replay_all(wal)]
+
+    assert replayed == [
+        (0, WalEntry("tenant-a", "otlp_proto", first)),
+        (4, WalEntry("", "otlp_proto", last)),
+    ]
+    assert registry.get_sample_value("stepwatch_wal_corrupt_records_total") == 3
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 3 and all("00000000000000000000.wal: record" in e for e in errors)
+    assert "record 1 " in errors[0] and "OTLP/JSON" in errors[0]
+    assert "record 2 " in errors[1] and "skip list of 2 span(s)" in errors[1]
+    assert "record 3 " in errors[2] and "entry version 2" in errors[2]
+    for refused in (_old_entry(b"{}", encoding=1), _old_entry(b"", skip=(0,)), _old_entry(b"", version=2)):
+        with pytest.raises(ValueError):
+            WalEntry.from_bytes(refused)
+    # new records continue the sequence after the refused ones, in a new segment
+    await wal.start()
+    ref = await wal.append(_entry(b"new"))
+    await wal.stop()
+    assert ref.seq == 5 and ref.segment == 1
+
+
+async def test_service_starts_over_a_log_with_old_layout_records_and_replays_the_rest(tmp_path: Path) -> None:
+    trace_ids = [new_trace_id(), new_trace_id()]
+    valid = [
+        _old_entry(trace_request(trace_ids[:1]).SerializeToString()),
+        _old_entry(trace_request(trace_ids[1:]).SerializeToString()),
+    ]
+    _old_segment(tmp_path / "data" / "wal", valid)
+    environ = {
+        "STEPWATCH_DURABILITY__DATA_DIR": str(tmp_path / "data"),
+        "STEPWATCH_RECEIVERS__GRPC__ENABLED": "false",
+        "STEPWATCH_RECEIVERS__HTTP__ENABLED": "false",
+        "STEPWATCH_EXPORTERS__PROMETHEUS__ENDPOINT": "127.0.0.1:0",
+    }
+    service = Service(load_config(None, environ=environ), clock=ManualClock())
+    await service.start()
+    try:
+        assert service.buffer.buffered_spans == 6, "both readable records' 3 spans each, nothing else"
+        registry = service.prometheus.registry
+        assert registry.get_sample_value("stepwatch_wal_corrupt_records_total") == 3
+    finally:
+        await service.shutdown(grace=1.0)
 
 
 _CRASHING_WRITER = textwrap.dedent(
@@ -214,6 +326,7 @@ _CRASHING_WRITER = textwrap.dedent(
     import asyncio, sys
     from pathlib import Path
     from stepwatch.receiver.wal import WalConfig, WriteAheadLog
+    from stepwatch.receiver.wal_format import WalEntry
 
     async def main() -> None:
         wal = WriteAheadLog(WalConfig(directory=Path(sys.argv[1]), fsync=sys.argv[2],
@@ -221,7 +334,7 @@ _CRASHING_WRITER = textwrap.dedent(
         await wal.start()
         i = 0
         while True:
-            ref = await wal.append(f"acked-{i}".encode() * 300)
+            ref = await wal.append(WalEntry("", "otlp_proto", f"acked-{i}".encode() * 300).to_bytes())
             wal.track(ref, [i])
             print(i, flush=True)  # the acknowledgement
             i += 1
@@ -253,6 +366,8 @@ def test_every_acknowledged_record_survives_sigkill(tmp_path: Path, fsync: str) 
 
     replayed = [payload for _, payload in WriteAheadLog(_config(tmp_path, max_bytes=1 << 30)).replay()]
 
-    acknowledged = {f"acked-{i}".encode() * 300 for i in range(acked + 1)}
+    acknowledged = {_entry(f"acked-{i}".encode() * 300) for i in range(acked + 1)}
     assert acknowledged <= set(replayed)
-    assert replayed == [f"acked-{i}".encode() * 300 for i in range(len(replayed))], "in order, no gaps"
+    assert replayed == [_entry(f"acked-{i}".encode() * 300) for i in range(len(replayed))], (
+        "in order, no gaps"
+    )
