@@ -25,9 +25,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from .model import Partition, Span, Step, StepKind, normalise_tool_name
 from .partitioning import root_spans
@@ -137,9 +136,11 @@ def tool_step_name(span: Span) -> str:
     return str(value) if value is not None and value != "" else span.name
 
 
-@dataclass(frozen=True, slots=True)
-class EmbeddedCall:
-    """A tool call found in an LLM span's output messages."""
+class EmbeddedCall(NamedTuple):
+    """A tool call found in an LLM span's output messages.
+
+    A NamedTuple: one is built per issued call on every partition, and a frozen dataclass costs
+    four times as much to build."""
 
     name: str
     arguments: Any
@@ -237,11 +238,14 @@ def tool_io(span: Span, cache: ToolIO | None = None) -> tuple[Any, Any]:
         found = cache.get(id(span))
         if found is not None:
             return found
-    attributes = span.attributes
-    io = (
-        unwrap_json(first_attribute(attributes, TOOL_INPUT_ATTRIBUTES)),
-        unwrap_json(first_attribute(attributes, TOOL_OUTPUT_ATTRIBUTES)),
-    )
+    attributes = span.attributes  # TOOL_INPUT/OUTPUT_ATTRIBUTES read inline (tool_step_name's reason)
+    step_input = attributes.get("gen_ai.tool.call.arguments")
+    if step_input is None:
+        step_input = attributes.get("input.value")
+    step_output = attributes.get("gen_ai.tool.call.result")
+    if step_output is None:
+        step_output = attributes.get("output.value")
+    io = (unwrap_json(step_input), unwrap_json(step_output))
     if cache is not None:
         cache[id(span)] = io
     return io
@@ -305,16 +309,17 @@ def extract_steps_from_spans(
             step_input = unwrap_json(attributes.get("input.value"))
             step_output = unwrap_json(attributes.get("output.value"))
             round_id = None
+        # positional: a third cheaper than keywords for a frozen dataclass
         steps.append(
             Step(
-                name=name,
-                kind=kind,
-                trace_id=span.trace_id,
-                span_id=span.span_id,
-                start_time_unix_nano=span.start_time_unix_nano,
-                input=step_input,
-                output=step_output,
-                round_id=round_id,
+                name,
+                kind,
+                span.trace_id,
+                span.span_id,
+                span.start_time_unix_nano,
+                step_input,
+                step_output,
+                round_id,
             )
         )
     return steps
@@ -338,15 +343,22 @@ class _RoundMatcher:
             self._open.append((order, span.trace_id, span.span_id, names))
 
     def claim(self, span: Span, name: str, order: tuple[int, int, str, int]) -> str | None:
-        call_id = first_attribute(span.attributes, TOOL_CALL_ID_ATTRIBUTES)
-        if call_id is not None:
-            llm_span_id = self._by_id.get(str(call_id))
-            if llm_span_id is not None:
-                self._take(llm_span_id, normalise_tool_name(name))
-                return llm_span_id
+        """The issuing LLM span's id, or None. Runs once per TOOL step: TOOL_CALL_ID_ATTRIBUTES are
+        read inline and the scan tests the name first (most entries fail there, cheapest test)."""
+        if self._by_id:
+            attributes = span.attributes
+            call_id = attributes.get("gen_ai.tool.call.id")
+            if call_id is None:
+                call_id = attributes.get("tool.call.id")
+            if call_id is not None:
+                llm_span_id = self._by_id.get(str(call_id))
+                if llm_span_id is not None:
+                    self._take(llm_span_id, normalise_tool_name(name))
+                    return llm_span_id
         wanted = normalise_tool_name(name)
-        for llm_order, trace_id, llm_span_id, names in reversed(self._open):
-            if trace_id == span.trace_id and llm_order < order and wanted in names:
+        trace_id = span.trace_id
+        for llm_order, llm_trace_id, llm_span_id, names in reversed(self._open):
+            if wanted in names and llm_order < order and llm_trace_id == trace_id:
                 names.remove(wanted)
                 return llm_span_id
         return None

@@ -5,7 +5,8 @@ what the plain two-pass code gives.
   replaced (a step-kind pass over non-roots, then an embedded-tool-call pass over every span);
 - `build_trajectory_from_spans` / `final_answer` with roots passed in (in partition order, which
   need not be start order) equal the versions that compute the roots themselves;
-- `tool_step_name` equals the generic `first_attribute` reading of TOOL_NAME_ATTRIBUTES.
+- `tool_step_name` and `tool_io` equal the generic `first_attribute` reading of TOOL_NAME_ATTRIBUTES
+  and TOOL_INPUT/OUTPUT_ATTRIBUTES, and round ids equal the round matcher's plain version.
 """
 
 from __future__ import annotations
@@ -14,13 +15,16 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from stepwatch.evaluator.model import Span, Step
+from stepwatch.evaluator.model import Span, Step, normalise_tool_name
 from stepwatch.evaluator.partitioning import root_spans
 from stepwatch.evaluator.steps import (
+    TOOL_CALL_ID_ATTRIBUTES,
+    TOOL_INPUT_ATTRIBUTES,
     TOOL_NAME_ATTRIBUTES,
+    TOOL_OUTPUT_ATTRIBUTES,
+    EmbeddedCall,
     ToolIO,
     _order,
-    _RoundMatcher,
     embedded_tool_calls,
     extract_steps_from_spans,
     first_attribute,
@@ -33,8 +37,50 @@ from stepwatch.evaluator.steps import (
 from stepwatch.evaluator.trajectory_build import build_trajectory_from_spans, final_answer, sort_spans
 
 
+def reference_tool_io(span: Span) -> tuple[Any, Any]:
+    """tool_io as a generic first_attribute reading (tool_io reads the keys inline)."""
+    attributes = span.attributes
+    return (
+        unwrap_json(first_attribute(attributes, TOOL_INPUT_ATTRIBUTES)),
+        unwrap_json(first_attribute(attributes, TOOL_OUTPUT_ATTRIBUTES)),
+    )
+
+
+class ReferenceRoundMatcher:
+    """_RoundMatcher as written before its inline call-id reading and reordered scan."""
+
+    def __init__(self, llm_calls: list[tuple[Any, Span, list[EmbeddedCall]]]):
+        self._by_id: dict[str, str] = {}
+        self._open: list[tuple[Any, str, str, list[str]]] = []
+        for order, span, calls in llm_calls:
+            for call in calls:
+                if call.call_id:
+                    self._by_id[call.call_id] = span.span_id
+            self._open.append(
+                (order, span.trace_id, span.span_id, [normalise_tool_name(c.name) for c in calls])
+            )
+
+    def claim(self, span: Span, name: str, order: Any) -> str | None:
+        call_id = first_attribute(span.attributes, TOOL_CALL_ID_ATTRIBUTES)
+        if call_id is not None:
+            llm_span_id = self._by_id.get(str(call_id))
+            if llm_span_id is not None:
+                for _, _, span_id, names in self._open:
+                    if span_id == llm_span_id and normalise_tool_name(name) in names:
+                        names.remove(normalise_tool_name(name))
+                        break
+                return llm_span_id
+        wanted = normalise_tool_name(name)
+        for llm_order, trace_id, llm_span_id, names in reversed(self._open):
+            if trace_id == span.trace_id and llm_order < order and wanted in names:
+                names.remove(wanted)
+                return llm_span_id
+        return None
+
+
 def reference_extract_steps(spans: Sequence[Span], cache: ToolIO | None = None) -> list[Step]:
-    """extract_steps_from_spans as written before the one-pass classification."""
+    """extract_steps_from_spans as written before the one-pass classification (with the reference
+    tool input/output reading and round matcher above)."""
     roots = {id(span) for span in root_spans(spans)}
     step_spans = []
     for span in spans:
@@ -60,13 +106,13 @@ def reference_extract_steps(spans: Sequence[Span], cache: ToolIO | None = None) 
             for call in calls
         ]
     step_spans.sort(key=lambda item: item[0])
-    rounds = _RoundMatcher(llm_calls)
+    rounds = ReferenceRoundMatcher(llm_calls)
     steps = []
     for order, span, kind in step_spans:
         name = step_name(span, kind)
         attributes = span.attributes
         if kind == "TOOL":
-            step_input, step_output = tool_io(span, cache)
+            step_input, step_output = reference_tool_io(span)
             round_id = rounds.claim(span, name, order)
         else:
             step_input = unwrap_json(attributes.get("input.value"))
@@ -100,9 +146,16 @@ def _attributes(rnd: random.Random) -> dict[str, Any]:
     for key in ("gen_ai.tool.name", "tool.name", "agent.name", "gen_ai.agent.name"):
         if rnd.random() < 0.3:
             attributes[key] = rnd.choice([*NAMES, None, 7])
-    if rnd.random() < 0.3:
-        attributes["tool.call.id"] = rnd.choice(["c1", "c2", "c3"])
-    for key in ("input.value", "output.value", "gen_ai.completion"):
+    for key in ("gen_ai.tool.call.id", "tool.call.id"):
+        if rnd.random() < 0.3:
+            attributes[key] = rnd.choice(["c1", "c2", "c3", None])
+    for key in (
+        "input.value",
+        "output.value",
+        "gen_ai.completion",
+        "gen_ai.tool.call.arguments",
+        "gen_ai.tool.call.result",
+    ):
         if rnd.random() < 0.3:
             attributes[key] = rnd.choice(['{"a": 1}', "text", "[1, 2]", 5])
     for m in range(rnd.choice([0, 0, 1, 2])):
@@ -166,3 +219,23 @@ def test_tool_step_name_equals_first_attribute_reading() -> None:
             value = first_attribute(s.attributes, TOOL_NAME_ATTRIBUTES)
             want = str(value) if value is not None and value != "" else s.name
             assert tool_step_name(s) == want == step_name(s, "TOOL")
+
+
+def test_tool_io_equals_first_attribute_reading() -> None:
+    rnd = random.Random(14)
+    for _ in range(2000):
+        for span in random_spans(rnd)[:2]:
+            cache: ToolIO = {}
+            assert tool_io(span, cache) == reference_tool_io(span)
+            assert tool_io(span, cache) == reference_tool_io(span)  # from the cache
+
+
+def test_random_spans_exercise_call_id_matching() -> None:
+    """The reference comparison above is only as strong as its inputs: some steps claim by id."""
+    rnd = random.Random(11)
+    by_id = 0
+    for _ in range(3000):
+        spans = random_spans(rnd)
+        calls = {c.call_id for s in spans for c in embedded_tool_calls(s) if c.call_id}
+        by_id += any(s.attributes.get("tool.call.id") in calls for s in spans if s.parent_span_id)
+    assert by_id > 100
