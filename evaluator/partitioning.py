@@ -23,7 +23,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .model import Partition, PartitionType, Span
+from .model import SCHEMA_NAME, Partition, PartitionType, Span, construct
 
 DEFAULT_TASK_KEY_ATTRIBUTES: tuple[str, ...] = ("aip.task.key", "gen_ai.agent.name")
 SESSION_ID_ATTRIBUTES: tuple[str, ...] = ("session.id", "gen_ai.conversation.id")
@@ -108,18 +108,27 @@ def build_partition(
     """
     ordered = sort_spans(spans)
     roots = root_spans(ordered)
-    trace_ids = list(dict.fromkeys(span.trace_id for span in ordered))
     if session_id is None:
         session_id = partition_id if partition_type == "session" else session_id_of(ordered)
-    return Partition(
-        type=partition_type,
-        id=partition_id,
-        spans=ordered,
-        task_key=resolve_task_key(ordered, roots, task_key_attributes),
-        session_id=session_id,
-        trace_ids=trace_ids,
-        annotations=_annotations(roots),
+    # Built without validation (`construct`, ~1.5 us less per partition): the spans are Spans and
+    # every other value is made here with its field's type, as `Partition(...)` would store it.
+    return construct(
+        Partition,
+        {
+            "schema_name": SCHEMA_NAME,
+            "type": partition_type,
+            "id": partition_id,
+            "spans": ordered,
+            "task_key": resolve_task_key(ordered, roots, task_key_attributes),
+            "session_id": session_id,
+            "trace_ids": list(dict.fromkeys([span.trace_id for span in ordered])),
+            "annotations": _annotations(roots),
+        },
+        _PARTITION_FIELDS_SET,
     )
+
+
+_PARTITION_FIELDS_SET = {"type", "id", "spans", "task_key", "session_id", "trace_ids", "annotations"}
 
 
 def group_by_trace(spans: Iterable[Span]) -> dict[str, list[Span]]:

@@ -4,7 +4,9 @@
 - `embedded_tool_calls`, with OpenInference keys parsed once per key set, equals a plain per-key scan;
 - `is_async_scorer`, cached per function, agrees with inspect for every kind of `score` callable;
 - `normalise_tool_name` (cached), the token counter's int fast path and `root_spans`' one-trace
-  path equal their plain versions.
+  path equal their plain versions;
+- `construct` (no validation) builds the same models as validation does, and `build_partition`'s
+  Partition equals the validated one.
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from stepwatch.evaluator.model import Span, normalise_tool_name
-from stepwatch.evaluator.partitioning import root_spans
+from stepwatch.evaluator.model import SCHEMA_NAME, Partition, Span, construct, normalise_tool_name
+from stepwatch.evaluator.partitioning import build_partition, partition_sessions, root_spans
 from stepwatch.evaluator.pipeline import is_async_scorer
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.evaluator.steps import EmbeddedCall, embedded_tool_calls, unwrap_json
-from stepwatch.evaluator.trajectory import TrajectoryStep
+from stepwatch.evaluator.trajectory import TokenUsage, Trajectory, TrajectoryStep
 from stepwatch.evaluator.trajectory_build import _count, new_trajectory_step
 
 _OI = re.compile(
@@ -190,3 +192,101 @@ def test_root_spans_single_trace_path_equals_trace_and_span_id_pairs() -> None:
         assert root_spans(spans) == _plain_roots(spans)
         single = [span.model_copy(update={"trace_id": "c" * 32}) for span in spans]
         assert root_spans(single) == _plain_roots(single)
+
+
+def _hash(model: Any) -> int | str:
+    try:
+        return hash(model)
+    except TypeError as exc:
+        return str(exc)
+
+
+def _same_model(fast: Any, slow: Any) -> None:
+    assert type(fast) is type(slow)
+    assert fast == slow
+    assert fast.model_dump() == slow.model_dump()
+    assert fast.model_dump_json() == slow.model_dump_json()
+    assert fast.model_dump(mode="json", by_alias=True) == slow.model_dump(mode="json", by_alias=True)
+    assert fast.model_fields_set == slow.model_fields_set
+    assert fast.model_extra == slow.model_extra
+    assert fast.__pydantic_private__ == slow.__pydantic_private__
+    assert list(fast.__dict__) == list(slow.__dict__)  # declaration order, as dumps and reprs use
+    assert repr(fast) == repr(slow)
+    assert _hash(fast) == _hash(slow)  # frozen models hash their fields (or fail alike)
+    assert fast.model_copy(update={}) == slow.model_copy(update={})
+
+
+def _span(i: int, parent: int | None = None, **attributes: Any) -> Span:
+    return Span(
+        trace_id="ab" * 16,
+        span_id=f"{i:016x}",
+        parent_span_id=None if parent is None else f"{parent:016x}",
+        name=f"s{i}",
+        start_time_unix_nano=10 - i,
+        attributes=attributes,
+    )
+
+
+@pytest.mark.parametrize(
+    ("cls", "given"),
+    [
+        (TokenUsage, {"input_tokens": 3, "output_tokens": 0}),
+        (Trajectory, {"steps": [], "final_output": None, "token_usage": TokenUsage(), "latency_ns": None}),
+        (
+            Trajectory,
+            {
+                "steps": [new_trajectory_step("a", {"q": 1}, "x")],
+                "final_output": "done",
+                "token_usage": TokenUsage(input_tokens=1, output_tokens=2),
+                "latency_ns": 7,
+            },
+        ),
+        (
+            Partition,
+            {
+                "type": "session",
+                "id": "conv",
+                "spans": [_span(1), _span(2, 1, x=[1])],
+                "task_key": "t",
+                "session_id": "conv",
+                "trace_ids": ["ab" * 16],
+                "annotations": {"expected_steps": "[]"},
+            },
+        ),
+    ],
+)
+def test_construct_equals_validation(cls: Any, given: dict[str, Any]) -> None:
+    slow = cls(**given)
+    values = {
+        name: given.get(name, field.get_default(call_default_factory=True))
+        for name, field in cls.model_fields.items()
+    }
+    _same_model(construct(cls, values, set(given)), slow)
+
+
+def test_build_partition_equals_validated_partition() -> None:
+    spans = [
+        _span(3, 1, **{"session.id": "conv"}),
+        _span(1, **{"aip.task.key": "refund", "aip.eval.expected_steps": ["a"]}),
+        _span(2, 9),
+    ]
+    trace = build_partition("trace", "ab" * 16, spans)
+    (session,) = partition_sessions(spans)
+    for fast in (trace, session):
+        slow = Partition(
+            type=fast.type,
+            id=fast.id,
+            spans=list(fast.spans),
+            task_key=fast.task_key,
+            session_id=fast.session_id,
+            trace_ids=list(fast.trace_ids),
+            annotations=dict(fast.annotations),
+        )
+        _same_model(fast, slow)
+        assert fast.schema_name == SCHEMA_NAME
+    assert (trace.task_key, trace.session_id, trace.annotations) == (
+        "refund",
+        "conv",
+        {"expected_steps": '["a"]'},
+    )
+    assert [s.span_id for s in trace.spans] == [f"{i:016x}" for i in (3, 2, 1)]  # start order
