@@ -20,7 +20,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from .model import Partition, Span
+from .model import Partition, Span, construct
 from .partitioning import root_spans, sort_spans
 from .steps import (
     TOOL_INPUT_ATTRIBUTES,
@@ -51,14 +51,6 @@ TRAJECTORY_ATTRIBUTES: tuple[str, ...] = (
 """Every attribute this module reads."""
 
 
-def is_tool_call(span: Span) -> bool:
-    """Same reading of the span kind as step extraction (case-insensitive), so a span that is a
-    TOOL step is also a trajectory step that the assertion rules see."""
-    attributes = span.attributes
-    kind = attributes.get("openinference.span.kind")
-    return "gen_ai.tool.name" in attributes or (kind is not None and str(kind).upper() == "TOOL")
-
-
 def tool_name(span: Span) -> str:
     return tool_step_name(span)
 
@@ -82,44 +74,33 @@ def build_trajectory(partition: Partition, cache: ToolIO | None = None) -> Traje
     return build_trajectory_from_spans(partition.spans, cache)
 
 
+_TRAJECTORY_FIELDS = {"steps", "final_output", "token_usage", "latency_ns"}
+_TOKEN_FIELDS = {"input_tokens", "output_tokens"}
+
+
 def build_trajectory_from_spans(
     spans: list[Span], cache: ToolIO | None = None, roots: Sequence[Span] | None = None
 ) -> Trajectory:
     """`cache`: the tool inputs/outputs step extraction already unwrapped (see steps.ToolIO);
-    `roots`: `root_spans(spans)` when the caller already has it."""
-    ordered = sort_spans(spans)
-    steps = []
-    for span in ordered:
-        if is_tool_call(span):
-            step_input, step_output = tool_io(span, cache)
-            steps.append(new_trajectory_step(tool_step_name(span), step_input, step_output))
-    return Trajectory(
-        steps=steps,
-        final_output=final_answer(ordered, roots),
-        token_usage=token_usage(ordered),
-        latency_ns=latency_ns(ordered),
-    )
+    `roots`: `root_spans(spans)` when the caller already has it.
 
-
-def final_answer(ordered: list[Span], roots: Sequence[Span] | None = None) -> str | None:
-    """The last-starting root candidate's answer; `ordered` must be in span order, `roots` (any
-    order) are `root_spans(ordered)` when the caller already has them."""
-    if roots is None:
-        candidates = reversed(root_spans(ordered))
-    else:
-        root_ids = {id(span) for span in roots}
-        candidates = (span for span in reversed(ordered) if id(span) in root_ids)
-    for span in candidates:
-        value = first_attribute(span.attributes, FINAL_ANSWER_ATTRIBUTES)
-        if value is not None:
-            return value if isinstance(value, str) else json.dumps(value)
-    return None
-
-
-def token_usage(spans: list[Span]) -> TokenUsage:
+    One pass over the spans in any order: tool calls, token sums and the time range. Only the tool
+    calls and the roots are then put in span order (a stable sort of a subset keeps the subset's
+    order in the sorted whole); sums, min and max do not depend on order. The models are built
+    without validation (`construct`): every value is already of its field's type.
+    """
+    calls: list[Span] = []
     input_tokens = output_tokens = 0
+    first_start: int | None = None
+    last_end: int | None = None
     for span in spans:
         attributes = span.attributes
+        # A tool call: the same reading of the span kind as step extraction (case-insensitive), so
+        # a span that is a TOOL step is also a trajectory step that the assertion rules see.
+        kind = attributes.get("openinference.span.kind")
+        if "gen_ai.tool.name" in attributes or (kind is not None and str(kind).upper() == "TOOL"):
+            calls.append(span)
+        # Tokens: GenAI usage, else OpenInference counts (one convention per span, never both).
         if "gen_ai.usage.input_tokens" in attributes or "gen_ai.usage.output_tokens" in attributes:
             input_value = attributes.get("gen_ai.usage.input_tokens")
             output_value = attributes.get("gen_ai.usage.output_tokens")
@@ -130,15 +111,49 @@ def token_usage(spans: list[Span]) -> TokenUsage:
             input_tokens += _count(input_value)
         if output_value is not None:
             output_tokens += _count(output_value)
-    return TokenUsage(input_tokens=input_tokens, output_tokens=output_tokens)
+        start = span.start_time_unix_nano
+        if start is not None and (first_start is None or start < first_start):
+            first_start = start
+        end = span.end_time_unix_nano
+        if end is not None and (last_end is None or end > last_end):
+            last_end = end
+    steps = []
+    for span in sort_spans(calls) if len(calls) > 1 else calls:
+        step_input, step_output = tool_io(span, cache)
+        steps.append(new_trajectory_step(tool_step_name(span), step_input, step_output))
+    if roots is None:
+        roots = root_spans(spans)
+    usage = construct(
+        TokenUsage, {"input_tokens": input_tokens, "output_tokens": output_tokens}, _TOKEN_FIELDS
+    )
+    return construct(
+        Trajectory,
+        {
+            "steps": steps,
+            "final_output": _last_answer(sort_spans(roots) if len(roots) > 1 else roots),
+            "token_usage": usage,
+            "latency_ns": None if first_start is None or last_end is None else max(0, last_end - first_start),
+        },
+        _TRAJECTORY_FIELDS,
+    )
 
 
-def latency_ns(spans: list[Span]) -> int | None:
-    starts = [span.start_time_unix_nano for span in spans if span.start_time_unix_nano is not None]
-    ends = [span.end_time_unix_nano for span in spans if span.end_time_unix_nano is not None]
-    if not starts or not ends:
-        return None
-    return max(0, max(ends) - min(starts))
+def final_answer(ordered: list[Span], roots: Sequence[Span] | None = None) -> str | None:
+    """The last-starting root candidate's answer; `ordered` must be in span order, `roots` (any
+    order) are `root_spans(ordered)` when the caller already has them."""
+    if roots is None:
+        return _last_answer(root_spans(ordered))
+    root_ids = {id(span) for span in roots}
+    return _last_answer([span for span in ordered if id(span) in root_ids])
+
+
+def _last_answer(candidates: Sequence[Span]) -> str | None:
+    """The answer of the last candidate (candidates in span order) that carries one."""
+    for span in reversed(candidates):
+        value = first_attribute(span.attributes, FINAL_ANSWER_ATTRIBUTES)
+        if value is not None:
+            return value if isinstance(value, str) else json.dumps(value)
+    return None
 
 
 def _count(value: Any) -> int:

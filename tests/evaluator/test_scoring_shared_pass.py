@@ -4,13 +4,16 @@ what the plain two-pass code gives.
 - `extract_steps_from_spans` (one pass, optional precomputed roots) equals the two-pass version it
   replaced (a step-kind pass over non-roots, then an embedded-tool-call pass over every span);
 - `build_trajectory_from_spans` / `final_answer` with roots passed in (in partition order, which
-  need not be start order) equal the versions that compute the roots themselves;
+  need not be start order) equal the versions that compute the roots themselves, and the one-pass
+  trajectory (only tool calls and roots sorted, models built unvalidated) equals the plain
+  several-pass, validated build it replaced;
 - `tool_step_name` and `tool_io` equal the generic `first_attribute` reading of TOOL_NAME_ATTRIBUTES
   and TOOL_INPUT/OUTPUT_ATTRIBUTES, and round ids equal the round matcher's plain version.
 """
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -34,7 +37,16 @@ from stepwatch.evaluator.steps import (
     tool_step_name,
     unwrap_json,
 )
-from stepwatch.evaluator.trajectory_build import build_trajectory_from_spans, final_answer, sort_spans
+from stepwatch.evaluator.trajectory import TokenUsage, Trajectory
+from stepwatch.evaluator.trajectory_build import (
+    FINAL_ANSWER_ATTRIBUTES,
+    TOKEN_ATTRIBUTES,
+    _count,
+    build_trajectory_from_spans,
+    final_answer,
+    new_trajectory_step,
+    sort_spans,
+)
 
 
 def reference_tool_io(span: Span) -> tuple[Any, Any]:
@@ -158,6 +170,9 @@ def _attributes(rnd: random.Random) -> dict[str, Any]:
     ):
         if rnd.random() < 0.3:
             attributes[key] = rnd.choice(['{"a": 1}', "text", "[1, 2]", 5])
+    for key in TOKEN_ATTRIBUTES:
+        if rnd.random() < 0.2:
+            attributes[key] = rnd.choice([None, 3, 0, -1, "12", "x", 2.0, 2.5, True, 10**12])
     for m in range(rnd.choice([0, 0, 1, 2])):
         prefix = f"llm.output_messages.0.message.tool_calls.{m}.tool_call."
         attributes[prefix + "function.name"] = rnd.choice(NAMES)
@@ -181,7 +196,7 @@ def random_spans(rnd: random.Random) -> list[Span]:
             parent_span_id=rnd.choice([None, *(f"{j:016x}" for j in range(1, 10))]),
             name=rnd.choice(["s", "t", "tool_x"]),
             start_time_unix_nano=rnd.choice([None, 5, 10, 10, 20, 30]),
-            end_time_unix_nano=rnd.choice([None, 40]),
+            end_time_unix_nano=rnd.choice([None, 40, 45, 8]),
             attributes=_attributes(rnd),
             seq=rnd.randint(0, 20),
         )
@@ -239,3 +254,58 @@ def test_random_spans_exercise_call_id_matching() -> None:
         calls = {c.call_id for s in spans for c in embedded_tool_calls(s) if c.call_id}
         by_id += any(s.attributes.get("tool.call.id") in calls for s in spans if s.parent_span_id)
     assert by_id > 100
+
+
+def reference_trajectory(spans: list[Span]) -> Trajectory:
+    """build_trajectory_from_spans as written before the one pass: sort everything, then a pass each
+    for tool calls, the final answer, tokens and latency; validated models."""
+    ordered = sort_spans(spans)
+    steps = []
+    for span in ordered:
+        kind = span.attributes.get("openinference.span.kind")
+        if "gen_ai.tool.name" in span.attributes or (kind is not None and str(kind).upper() == "TOOL"):
+            step_input, step_output = reference_tool_io(span)
+            steps.append(new_trajectory_step(tool_step_name(span), step_input, step_output))
+    answer = None
+    for span in reversed(root_spans(ordered)):
+        value = first_attribute(span.attributes, FINAL_ANSWER_ATTRIBUTES)
+        if value is not None:
+            answer = value if isinstance(value, str) else json.dumps(value)
+            break
+    input_tokens = output_tokens = 0
+    for span in ordered:
+        attributes = span.attributes
+        if "gen_ai.usage.input_tokens" in attributes or "gen_ai.usage.output_tokens" in attributes:
+            pair = attributes.get("gen_ai.usage.input_tokens"), attributes.get("gen_ai.usage.output_tokens")
+        else:
+            pair = attributes.get("llm.token_count.prompt"), attributes.get("llm.token_count.completion")
+        input_tokens += _count(pair[0]) if pair[0] is not None else 0
+        output_tokens += _count(pair[1]) if pair[1] is not None else 0
+    starts = [s.start_time_unix_nano for s in ordered if s.start_time_unix_nano is not None]
+    ends = [s.end_time_unix_nano for s in ordered if s.end_time_unix_nano is not None]
+    return Trajectory(
+        steps=steps,
+        final_output=answer,
+        token_usage=TokenUsage(input_tokens=input_tokens, output_tokens=output_tokens),
+        latency_ns=max(0, max(ends) - min(starts)) if starts and ends else None,
+    )
+
+
+def test_one_pass_trajectory_equals_the_several_pass_build() -> None:
+    rnd = random.Random(15)
+    answers = tokens = 0
+    for _ in range(3000):
+        spans = random_spans(rnd)
+        want = reference_trajectory(spans)
+        for got in (
+            build_trajectory_from_spans(spans, {}),
+            build_trajectory_from_spans(spans, {}, root_spans(spans)),
+            build_trajectory_from_spans(sort_spans(spans), {}, root_spans(sort_spans(spans))),
+        ):
+            assert got == want
+            assert got.model_dump_json() == want.model_dump_json()
+            assert got.model_fields_set == want.model_fields_set
+            assert got.token_usage.model_fields_set == want.token_usage.model_fields_set
+        answers += want.final_output is not None
+        tokens += want.token_usage.input_tokens > 0
+    assert answers > 300 and tokens > 300  # the inputs exercise both
