@@ -141,12 +141,7 @@ class KafkaIngest:
         *,
         registry: CollectorRegistry | None = None,
         retry_on: tuple[type[BaseException], ...] = (),
-        decode: Literal[False] = False,
     ) -> None:
-        """`decode` is accepted only because stepwatch/service.py still passes `decode=False`: the
-        ingest never decodes (the sink does); drop the argument once that caller stops passing it."""
-        if decode:
-            raise ValueError("KafkaIngest does not decode: the sink parses message values")
         self.config = config
         self._sink = sink
         self._on_lost = on_lost

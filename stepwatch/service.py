@@ -199,7 +199,6 @@ class Service:
                 self._kafka_partitions_lost,
                 registry=self.prometheus.registry,
                 retry_on=(_Backpressure,),
-                decode=False,
             )
         if self.wal is not None or self.kafka_ingest is not None:
             tracker = DeliveryTracker(len(sinks), self._delivered)
