@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -61,13 +61,13 @@ class AlignmentTooLarge(ValueError):
     """The DP table would exceed the configured cell budget."""
 
 
-@dataclass(frozen=True, slots=True)
-class AlignedStep:
+class AlignedStep(NamedTuple):
     """One entry of the alignment, in sequence order.
 
     `insert` is an observed step the expectation did not ask for; `delete` is an expected step that
     never ran. `observed_index` indexes the observed sequence; `group` is the expected-token index
-    of the group that produced the entry, None for bare steps.
+    of the group that produced the entry, None for bare steps. A NamedTuple: one is built per
+    entry of every scored partition, a third of a frozen dataclass's cost.
     """
 
     op: Op
@@ -147,11 +147,11 @@ def _bare_rows(expected: Sequence[str], obs: Sequence[int], vocab: dict[_Key, in
         same = {vocab.get(("T", normalise_tool_name(token)), -1), vocab.get(("A", token), -1)}
         left = prev[0] + 1
         row = [left]
-        for j, sid in enumerate(obs):
-            best = prev[j] if sid in same else prev[j] + 1
-            up = prev[j + 1] + 1
-            if up < best:
-                best = up
+        # prev[j] and prev[j + 1] for each observed step j (prev is one longer than obs)
+        for sid, diagonal, above in zip(obs, prev, prev[1:], strict=False):
+            best = diagonal if sid in same else diagonal + 1
+            if above + 1 < best:
+                best = above + 1
             if left + 1 < best:
                 best = left + 1
             left = best
