@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .model import construct
+
 
 class ScoreResult(BaseModel):
     """One metric's verdict on one partition.
@@ -36,3 +38,31 @@ class ScoreResult(BaseModel):
         # A statistic with no limit configured (passed None) violated nothing: it is not a failure,
         # and counting it as one would drag every pass rate down.
         return "fail" if self.passed is False else "pass"
+
+
+_RESULT_FIELD_COUNT = len(ScoreResult.model_fields)
+
+
+def new_result(metric: str, **given: Any) -> ScoreResult:
+    """`ScoreResult(metric=metric, **given)` built with `construct`, without validation (~1 us less).
+
+    For the built-in scorers, whose values already have the field types: a float score, a bool
+    `passed`, a float threshold, str texts, and a fresh metadata dict that the result then owns
+    (validation would copy it). Fields set are `metric` and the names given, as validation records.
+    """
+    values = {
+        "metric": metric,
+        "score": None,
+        "passed": None,
+        "threshold": None,
+        "label": None,
+        "explanation": None,
+        "metadata": {},
+        "error": None,
+        "not_scored": None,
+    }
+    values.update(given)
+    if len(values) != _RESULT_FIELD_COUNT:
+        unknown = sorted(set(given) - set(ScoreResult.model_fields))
+        raise TypeError(f"ScoreResult has no field(s) {', '.join(unknown)}")
+    return construct(ScoreResult, values, {"metric", *given})

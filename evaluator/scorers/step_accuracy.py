@@ -11,7 +11,7 @@ from typing import Any
 
 from ..expected_steps import ExpectedStep, ExpectedStepsError, ScoringMethod, validate_expected_steps
 from ..model import Step
-from ..results import ScoreResult
+from ..results import ScoreResult, new_result
 from .alignment import AlignedStep, AlignmentTooLarge, align, names_match
 from .base import ScoringInput
 
@@ -32,14 +32,15 @@ def check_expected_steps(expected: Sequence[Any], scoring_method: ScoringMethod)
 
 
 def _entry(step: AlignedStep) -> dict[str, Any]:
+    op, expected, actual, observed_index, group = step
     entry: dict[str, Any] = {
-        "op": step.op,
-        "expected": step.expected,
-        "actual": step.actual,
-        "observed_index": step.observed_index,
+        "op": op,
+        "expected": expected,
+        "actual": actual,
+        "observed_index": observed_index,
     }
-    if step.group is not None:
-        entry["group"] = step.group
+    if group is not None:
+        entry["group"] = group
     return entry
 
 
@@ -118,15 +119,15 @@ class StepAccuracyScorer:
         try:
             value, metadata = step_accuracy(kept, inp.expected_steps or [], inp.scoring_method)
         except StepAccuracyError as exc:
-            return ScoreResult(
-                metric=self.name,
+            return new_result(
+                self.name,
                 threshold=threshold,
                 error=str(exc),
                 metadata={"scoring_method": inp.scoring_method, "ignored_steps": ignored},
             )
         metadata["ignored_steps"] = ignored
-        return ScoreResult(
-            metric=self.name,
+        return new_result(
+            self.name,
             score=value,
             passed=value >= threshold,
             threshold=threshold,

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..expectation import Expectation
 from ..model import normalise_tool_name
-from ..results import ScoreResult
+from ..results import ScoreResult, new_result
 from ..rules import FieldMatcher, MaxSteps, MustCall, MustNotCall, Rule
 from ..trajectory import TrajectoryStep
 from .base import ScoringInput
@@ -249,8 +249,8 @@ class TrajectoryRulesScorer:
         outcomes = check_rules(inp.trajectory.steps, rules)
         held = sum(o.passed for o in outcomes)
         reasons = [o.reason for o in outcomes if o.reason is not None]
-        return ScoreResult(
-            metric=self.name,
+        return new_result(
+            self.name,
             score=held / len(outcomes) if outcomes else 1.0,
             passed=held == len(outcomes),
             explanation="; ".join(reasons) if reasons else f"all {len(outcomes)} rules hold",

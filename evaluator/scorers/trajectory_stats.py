@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..results import ScoreResult
+from ..results import ScoreResult, new_result
 from .base import ScoringInput
 
 STEP_COUNT = "trajectory.step_count"
@@ -23,8 +23,8 @@ TOTAL_TOKENS = "trajectory.total_tokens"
 
 def _result(name: str, value: float, inp: ScoringInput, metadata: dict[str, Any]) -> ScoreResult:
     maximum = inp.expectation.thresholds.get(name) if inp.expectation is not None else None
-    return ScoreResult(
-        metric=name,
+    return new_result(
+        name,
         score=value,
         passed=None if maximum is None else value <= maximum,
         threshold=maximum,
@@ -57,7 +57,7 @@ class LatencyScorer:
     def score(self, inp: ScoringInput) -> ScoreResult:
         latency = inp.trajectory.latency_ns
         if latency is None:
-            return ScoreResult(metric=self.name, not_scored="the partition's spans carry no timestamps")
+            return new_result(self.name, not_scored="the partition's spans carry no timestamps")
         return _result(self.name, latency / 1e9, inp, {"latency_ns": latency})
 
 

@@ -6,7 +6,7 @@
 - `normalise_tool_name` (cached), the token counter's int fast path and `root_spans`' one-trace
   path equal their plain versions;
 - `construct` (no validation) builds the same models as validation does, and `build_partition`'s
-  Partition equals the validated one.
+  Partition and `new_result`'s ScoreResult equal the validated ones.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pytest
 from stepwatch.evaluator.model import SCHEMA_NAME, Partition, Span, construct, normalise_tool_name
 from stepwatch.evaluator.partitioning import build_partition, partition_sessions, root_spans
 from stepwatch.evaluator.pipeline import is_async_scorer
-from stepwatch.evaluator.results import ScoreResult
+from stepwatch.evaluator.results import ScoreResult, new_result
 from stepwatch.evaluator.steps import EmbeddedCall, embedded_tool_calls, unwrap_json
 from stepwatch.evaluator.trajectory import TokenUsage, Trajectory, TrajectoryStep
 from stepwatch.evaluator.trajectory_build import _count, new_trajectory_step
@@ -290,3 +290,26 @@ def test_build_partition_equals_validated_partition() -> None:
         {"expected_steps": '["a"]'},
     )
     assert [s.span_id for s in trace.spans] == [f"{i:016x}" for i in (3, 2, 1)]  # start order
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {},
+        {"not_scored": "no timestamps"},
+        {"score": 7.0, "passed": None, "threshold": None, "metadata": {"steps": ["a"]}},
+        {"score": 0.5, "passed": False, "threshold": 0.8, "explanation": "1 of 2", "metadata": {"x": [1]}},
+        {"threshold": 0.8, "error": "bad steps", "metadata": {"scoring_method": "strict_position"}},
+        {"score": 1.0, "passed": True, "label": "ok", "explanation": "all 2 rules hold", "metadata": {}},
+    ],
+)
+def test_new_result_equals_validated_score_result(given: dict[str, Any]) -> None:
+    _same_model(
+        new_result("agent.step_accuracy", **given), ScoreResult(metric="agent.step_accuracy", **given)
+    )
+    assert new_result("m", **given).outcome == ScoreResult(metric="m", **given).outcome
+
+
+def test_new_result_refuses_unknown_fields() -> None:
+    with pytest.raises(TypeError, match="scroe"):
+        new_result("m", scroe=1.0)
