@@ -26,9 +26,10 @@ import json
 import re
 from collections.abc import Sequence
 from functools import lru_cache
+from operator import itemgetter
 from typing import Any, NamedTuple
 
-from .model import Partition, Span, Step, StepKind, normalise_tool_name
+from .model import Partition, Span, Step, StepKind, new_step, normalise_tool_name
 from .partitioning import root_spans
 
 TOOL_NAME_ATTRIBUTES = ("gen_ai.tool.name", "tool.name")
@@ -283,14 +284,15 @@ def extract_steps_from_spans(
     llm_calls.sort(key=_first)
     if not step_spans:
         return [
-            Step(
-                name=call.name,
-                kind="TOOL",
-                trace_id=span.trace_id,
-                span_id=span.span_id,
-                start_time_unix_nano=span.start_time_unix_nano,
-                input=call.arguments,
-                round_id=span.span_id,
+            new_step(
+                call.name,
+                "TOOL",
+                span.trace_id,
+                span.span_id,
+                span.start_time_unix_nano,
+                call.arguments,
+                None,
+                span.span_id,
             )
             for _, span, calls in llm_calls
             for call in calls
@@ -309,9 +311,8 @@ def extract_steps_from_spans(
             step_input = unwrap_json(attributes.get("input.value"))
             step_output = unwrap_json(attributes.get("output.value"))
             round_id = None
-        # positional: a third cheaper than keywords for a frozen dataclass
         steps.append(
-            Step(
+            new_step(
                 name,
                 kind,
                 span.trace_id,
@@ -325,8 +326,8 @@ def extract_steps_from_spans(
     return steps
 
 
-def _first(item: tuple[_Order, Span, Any]) -> _Order:
-    return item[0]
+_first = itemgetter(0)
+"""The order key of a (order, span, ...) item: itemgetter, no Python call per item sorted."""
 
 
 class _RoundMatcher:

@@ -6,7 +6,8 @@
 - `normalise_tool_name` (cached), the token counter's int fast path and `root_spans`' one-trace
   path equal their plain versions;
 - `construct` (no validation) builds the same models as validation does, and `build_partition`'s
-  Partition and `new_result`'s ScoreResult equal the validated ones.
+  Partition and `new_result`'s ScoreResult equal the validated ones; `new_step` (slot
+  descriptors) equals `Step(...)`; `session_id_of`'s one pass equals an attribute-by-attribute scan.
 """
 
 from __future__ import annotations
@@ -19,8 +20,16 @@ from typing import Any
 
 import pytest
 
-from stepwatch.evaluator.model import SCHEMA_NAME, Partition, Span, construct, normalise_tool_name
-from stepwatch.evaluator.partitioning import build_partition, partition_sessions, root_spans
+from stepwatch.evaluator.model import (
+    SCHEMA_NAME,
+    Partition,
+    Span,
+    Step,
+    construct,
+    new_step,
+    normalise_tool_name,
+)
+from stepwatch.evaluator.partitioning import build_partition, partition_sessions, root_spans, session_id_of
 from stepwatch.evaluator.pipeline import is_async_scorer
 from stepwatch.evaluator.results import ScoreResult, new_result
 from stepwatch.evaluator.steps import EmbeddedCall, embedded_tool_calls, unwrap_json
@@ -313,3 +322,46 @@ def test_new_result_equals_validated_score_result(given: dict[str, Any]) -> None
 def test_new_result_refuses_unknown_fields() -> None:
     with pytest.raises(TypeError, match="scroe"):
         new_result("m", scroe=1.0)
+
+
+def _plain_session_id(spans: list[Span]) -> str | None:
+    for attribute in ("session.id", "gen_ai.conversation.id"):
+        for span in spans:
+            value = span.attributes.get(attribute)
+            if value is not None and value != "":
+                return str(value)
+    return None
+
+
+def test_one_pass_session_id_equals_attribute_by_attribute_scan() -> None:
+    rnd = random.Random(5)
+    values = [None, "", "s1", "s2", 7]
+    seen = set()
+    for _ in range(3000):
+        spans = []
+        for i in range(rnd.randint(0, 5)):
+            attributes = {}
+            for key in ("session.id", "gen_ai.conversation.id"):
+                if rnd.random() < 0.4:
+                    attributes[key] = rnd.choice(values)
+            spans.append(_span(i + 1, **attributes))
+        want = _plain_session_id(spans)
+        assert session_id_of(spans) == want
+        seen.add(want)
+    assert seen == {None, "s1", "s2", "7"}
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        ("search", "TOOL", "ab" * 16, "cd" * 8, 5, {"q": [1]}, "out", "ef" * 8),
+        ("agent", "AGENT", "", None, None, None, None, None),
+    ],
+)
+def test_new_step_equals_step(fields: tuple[Any, ...]) -> None:
+    fast, slow = new_step(*fields), Step(*fields)
+    assert fast == slow and repr(fast) == repr(slow) and _hash(fast) == _hash(slow)
+    assert [getattr(fast, name) for name in Step.__slots__] == list(fields)
+    assert fast.key == slow.key
+    with pytest.raises(AttributeError):
+        fast.name = "other"  # type: ignore[misc]  # still frozen
