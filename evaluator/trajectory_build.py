@@ -59,12 +59,17 @@ _new = object.__new__
 _set = object.__setattr__
 
 
+_STEP_FIELDS = {"tool", "input", "output"}
+"""Shared by every TrajectoryStep built here, as otlp_proto.new_span shares its set: pydantic copies
+it before any update (model_copy), nothing else mutates it."""
+
+
 def new_trajectory_step(tool: str, step_input: Any, step_output: Any) -> TrajectoryStep:
     """`TrajectoryStep.model_construct(tool=..., input=..., output=...)` without its per-field
     default and alias handling (~3 us a step): tool is a str, input/output are Any, nothing to check."""
     step = _new(TrajectoryStep)
     _set(step, "__dict__", {"tool": tool, "input": step_input, "output": step_output})
-    _set(step, "__pydantic_fields_set__", {"tool", "input", "output"})
+    _set(step, "__pydantic_fields_set__", _STEP_FIELDS)
     _set(step, "__pydantic_extra__", {})
     _set(step, "__pydantic_private__", None)
     return step
@@ -107,10 +112,14 @@ def build_trajectory_from_spans(
         else:
             input_value = attributes.get("llm.token_count.prompt")
             output_value = attributes.get("llm.token_count.completion")
-        if input_value is not None:
-            input_tokens += _count(input_value)
+        if input_value is not None:  # _count, with its positive-int case first without a call
+            input_tokens += (
+                input_value if type(input_value) is int and input_value > 0 else _count(input_value)
+            )
         if output_value is not None:
-            output_tokens += _count(output_value)
+            output_tokens += (
+                output_value if type(output_value) is int and output_value > 0 else _count(output_value)
+            )
         start = span.start_time_unix_nano
         if start is not None and (first_start is None or start < first_start):
             first_start = start
