@@ -56,13 +56,22 @@ def root_spans(spans: Sequence[Span]) -> list[Span]:
 
 
 def session_id_of(spans: Sequence[Span]) -> str | None:
-    """The session a set of spans (one trace) belongs to, or None. `spans` in start order."""
-    for attribute in SESSION_ID_ATTRIBUTES:
-        for span in spans:
-            value = span.attributes.get(attribute)
+    """The session a set of spans (one trace) belongs to, or None. `spans` in start order.
+
+    The first `session.id` on any span, else the first `gen_ai.conversation.id`: one pass that
+    remembers the first conversation id while looking for a session id."""
+    primary, fallback = SESSION_ID_ATTRIBUTES
+    found: str | None = None
+    for span in spans:
+        attributes = span.attributes
+        value = attributes.get(primary)
+        if value is not None and value != "":
+            return str(value)
+        if found is None:
+            value = attributes.get(fallback)
             if value is not None and value != "":
-                return str(value)
-    return None
+                found = str(value)
+    return found
 
 
 def resolve_task_key(
