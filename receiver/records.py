@@ -21,6 +21,9 @@ from .origin import OriginCache
 from .otlp_proto import decode_request_bytes
 from .otlp_selective import decode_selected
 
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[{")
+"""Deleting every other byte leaves a payload's '[' and '{': one pass instead of two counts."""
+
 
 def records_request_bytes(records: Sequence[SpanRecord]) -> bytes:
     """The records as an encoded ExportTraceServiceRequest, in their order.
@@ -80,6 +83,6 @@ def decode_records_for_limits(
         i
         for i, record in enumerate(records)
         if len(payload := record[3]) > most_bytes
-        or payload.count(b"[") + payload.count(b"{") > max_json_depth
+        or len(payload.translate(None, _NOT_BRACKETS)) > max_json_depth
     }
     return decode_selected(records, selection, full, max_attributes, origins), full
