@@ -31,6 +31,7 @@ lint: setup
 
 test: setup system-deps
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/pytest -q
 
 # Benchmarks are run on demand, never in CI; each prints medians and compares with its floor.

@@ -12,7 +12,9 @@ import pytest  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def _private_stepwatch_state(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+def _private_stepwatch_state(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each test's `stepwatch serve` subprocesses keep their state (WAL, spool) in a private directory.
 
     A zero-config serve uses ./stepwatch-data; without this, serve processes of different tests would
