@@ -91,7 +91,7 @@ async def run_once(
                 count = counts[index]
             if wal is not None:
                 t0 = time.perf_counter()
-                ref, done = wal.append_nowait(WalEntry("", "otlp_proto", data).to_bytes())
+                ref, done = wal.append_nowait(WalEntry("", data).to_bytes())
                 on_loop.append(time.perf_counter() - t0)
                 await done
                 t0 = time.perf_counter()

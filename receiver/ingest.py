@@ -269,7 +269,7 @@ class Ingestor:
                     body = records_request_bytes(records)
                 else:
                     body = encoded if encoded is not None else request.SerializeToString()
-                payload = WalEntry(tenant if tenant != DEFAULT_TENANT else "", "otlp_proto", body).to_bytes()
+                payload = WalEntry(tenant if tenant != DEFAULT_TENANT else "", body).to_bytes()
                 if not wal.has_room(len(payload)):
                     acc.rejected["wal_full"] += len(records)
                     result.retry_after, result.refusal = self.retry_after, "wal_full"

@@ -16,7 +16,6 @@ import struct
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
 
 MAGIC = b"SWL1"
 _HEADER = struct.Struct("<4sIQI")
@@ -149,16 +148,12 @@ class WalEntry:
 
     `data` is the ExportTraceServiceRequest as protobuf: the body as received (decompressed), or,
     when some spans were rejected, re-serialized with only the accepted ones, so a replay
-    re-ingests exactly the spans that were acknowledged. `encoding` is always "otlp_proto".
+    re-ingests exactly the spans that were acknowledged. (The layout's encoding code is always
+    otlp_proto; see check_entry.)
     """
 
     tenant: str
-    encoding: Literal["otlp_proto"]
     data: bytes
-
-    def __post_init__(self) -> None:
-        if self.encoding != "otlp_proto":
-            raise ValueError(f"WAL entries hold otlp_proto bodies, not {self.encoding!r}")
 
     def to_bytes(self) -> bytes:
         tenant = self.tenant.encode()
@@ -169,4 +164,4 @@ class WalEntry:
     def from_bytes(cls, payload: bytes) -> WalEntry:
         """The entry; UnreadableEntry (a ValueError) for a record `check_entry` refuses."""
         tenant, start = check_entry(payload)
-        return cls(tenant, "otlp_proto", payload[start:])
+        return cls(tenant, payload[start:])

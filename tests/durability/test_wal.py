@@ -34,7 +34,7 @@ def _config(directory: Path, **overrides: object) -> WalConfig:
 
 def _entry(body: bytes, tenant: str = "") -> bytes:
     """A record as the service writes it (the log replays only entries it can read)."""
-    return WalEntry(tenant, "otlp_proto", body).to_bytes()
+    return WalEntry(tenant, body).to_bytes()
 
 
 ENTRY_HEAD = len(_entry(b""))
@@ -203,15 +203,15 @@ async def test_restart_replays_records_of_live_segments_and_drops_released_segme
     trace_ids = [new_trace_id() for _ in range(6)]
     wal = WriteAheadLog(_config(tmp_path))
     await wal.start()
-    kept = WalEntry("tenant-a", "otlp_proto", trace_request(trace_ids[:3]).SerializeToString())
+    kept = WalEntry("tenant-a", trace_request(trace_ids[:3]).SerializeToString())
     ref = await wal.append(kept.to_bytes())
     wal.track(ref, [t.hex() for t in trace_ids[:3]])
-    filler = WalEntry("tenant-a", "otlp_proto", _payload(0, 4000))
+    filler = WalEntry("tenant-a", _payload(0, 4000))
     for i in range(60):  # scored and released work: whole segments of it rotate out
         ref = await wal.append(filler.to_bytes())
         wal.track(ref, [f"done-{i}"])
         wal.release(f"done-{i}")
-    later = WalEntry("", "otlp_proto", trace_request(trace_ids[3:]).SerializeToString())
+    later = WalEntry("", trace_request(trace_ids[3:]).SerializeToString())
     ref = await wal.append(later.to_bytes())
     wal.track(ref, [trace_ids[3].hex()])
     await wal.stop()
@@ -279,8 +279,8 @@ async def test_records_of_an_old_layout_are_refused_logged_and_counted_not_misre
     replayed = [(ref.seq, WalEntry.from_bytes(payload)) for ref, payload in _replay_all(wal)]
 
     assert replayed == [
-        (0, WalEntry("tenant-a", "otlp_proto", first)),
-        (4, WalEntry("", "otlp_proto", last)),
+        (0, WalEntry("tenant-a", first)),
+        (4, WalEntry("", last)),
     ]
     assert registry.get_sample_value("stepwatch_wal_corrupt_records_total") == 3
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
@@ -334,7 +334,7 @@ _CRASHING_WRITER = textwrap.dedent(
         await wal.start()
         i = 0
         while True:
-            ref = await wal.append(WalEntry("", "otlp_proto", f"acked-{i}".encode() * 300).to_bytes())
+            ref = await wal.append(WalEntry("", f"acked-{i}".encode() * 300).to_bytes())
             wal.track(ref, [i])
             print(i, flush=True)  # the acknowledgement
             i += 1
