@@ -55,10 +55,6 @@ def tool_name(span: Span) -> str:
     return tool_step_name(span)
 
 
-_new = object.__new__
-_set = object.__setattr__
-
-
 _STEP_FIELDS = {"tool", "input", "output"}
 """Shared by every TrajectoryStep built here, as otlp_proto.new_span shares its set: pydantic copies
 it before any update (model_copy), nothing else mutates it."""
@@ -67,12 +63,9 @@ it before any update (model_copy), nothing else mutates it."""
 def new_trajectory_step(tool: str, step_input: Any, step_output: Any) -> TrajectoryStep:
     """`TrajectoryStep.model_construct(tool=..., input=..., output=...)` without its per-field
     default and alias handling (~3 us a step): tool is a str, input/output are Any, nothing to check."""
-    step = _new(TrajectoryStep)
-    _set(step, "__dict__", {"tool": tool, "input": step_input, "output": step_output})
-    _set(step, "__pydantic_fields_set__", _STEP_FIELDS)
-    _set(step, "__pydantic_extra__", {})
-    _set(step, "__pydantic_private__", None)
-    return step
+    return construct(
+        TrajectoryStep, {"tool": tool, "input": step_input, "output": step_output}, _STEP_FIELDS, {}
+    )
 
 
 def build_trajectory(partition: Partition, cache: ToolIO | None = None) -> Trajectory:
