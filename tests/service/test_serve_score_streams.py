@@ -419,7 +419,7 @@ async def test_events_in_the_spool_are_delivered_after_a_process_restart(tmp_pat
                 code, err = serve.stop(sig)
             if sig == signal.SIGTERM:
                 assert code == 0, err
-                assert "drained: 24 span(s) received, 24 scored" in err
+                assert "drained: 24 span(s) received, 0 replayed, 24 scored" in err
             else:
                 assert code == -signal.SIGKILL
         assert any(spool.glob("*.seg"))
