@@ -24,7 +24,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from .wal import RecordRef, WalFull, WriteAheadLog
+from .wal import RecordRef, WalConfig, WalFull, WriteAheadLog
+from .wal_format import UnreadableEntry
 
 _MAGIC = b"SWD1"
 _HEAD = struct.Struct("<4sBIH")  # magic | partition type | revision | partition key length
@@ -32,7 +33,7 @@ _TRACE = struct.Struct("<HI")  # trace key length | span id bytes
 _TYPES = ("trace", "session")
 
 
-class UnreadableDecision(ValueError):
+class UnreadableDecision(UnreadableEntry):
     """A decision record this release cannot read (a frame that checks out, a payload that does not)."""
 
 
@@ -71,7 +72,9 @@ class Decision:
                 if len(trace_key) != trace_len or len(ids) != ids_len or ids_len % 8:
                     raise UnreadableDecision("a trace entry runs past the end of the record")
                 spans[trace_key] = ids
-        except (struct.error, UnicodeDecodeError) as exc:
+        except (struct.error, UnicodeDecodeError, ValueError) as exc:
+            if isinstance(exc, UnreadableDecision):
+                raise
             raise UnreadableDecision(str(exc)) from exc
         return cls(_TYPES[kind], partition_id, revision, spans)
 
@@ -90,12 +93,12 @@ class DecisionLog:
 
     def __init__(
         self,
-        log: WriteAheadLog,
+        config: WalConfig,
         data: WriteAheadLog,
         retention: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.log = log
+        self.log = WriteAheadLog(config, check=Decision.from_bytes)
         self._data = data
         self._retention = retention
         self._now = clock
@@ -105,16 +108,11 @@ class DecisionLog:
         data.on_delete = self._segment_deleted
 
     def replay(self) -> Iterator[tuple[RecordRef, Decision]]:
-        """Every readable decision on disk, oldest first; unreadable ones are skipped and counted.
-        Call `keep` for each yielded ref once the data log's replay says where its traces are."""
+        """Every readable decision on disk, oldest first (unreadable ones are skipped, logged and
+        counted by the log). Call `keep` for each yielded ref once the data log's replay says where
+        its traces' records are."""
         for ref, payload in self.log.replay():
-            try:
-                decision = Decision.from_bytes(payload)
-            except UnreadableDecision:
-                self.log.metrics.corrupt.inc()
-                self.log.track(ref, ())
-                continue
-            yield ref, decision
+            yield ref, Decision.from_bytes(payload)
 
     def append(self, decision: Decision) -> tuple[RecordRef, asyncio.Future[None]]:
         """Queue the decision; the future resolves once it is written (and synced per the fsync

@@ -123,8 +123,16 @@ class WriteAheadLog:
     `track(...)` per accepted request, `release(key)` per emitted partition, `await stop()`.
     """
 
-    def __init__(self, config: WalConfig, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        config: WalConfig,
+        registry: CollectorRegistry | None = None,
+        check: Callable[[bytes], object] = check_entry,
+    ) -> None:
+        """`check` raises UnreadableEntry for a payload replay must refuse (the WAL's own entries by
+        default; the decision log passes its own)."""
         self.config = config
+        self._check = check
         self.metrics = WalMetrics(registry)
         self.metrics.bytes_limit.set(config.max_bytes)
         self._dir = config.directory
@@ -211,7 +219,7 @@ class WriteAheadLog:
                     continue
                 self._next_seq = max(self._next_seq, item.seq + 1)
                 try:
-                    check_entry(item.payload)
+                    self._check(item.payload)
                 except UnreadableEntry as exc:
                     self.metrics.corrupt.inc()
                     log.error(

@@ -197,7 +197,7 @@ class Service:
             self.wal = WriteAheadLog(wal_config, registry=self.prometheus.registry)
             self.ingestor.wal = self.wal
             self.decisions = DecisionLog(
-                WriteAheadLog(_decision_log_config(wal_config)),
+                _decision_log_config(wal_config),
                 self.wal,
                 config.ledger.retention,
                 self.clock.monotonic,
