@@ -359,3 +359,75 @@ async def test_rebalance_hands_partitions_over_and_the_new_owner_rebuilds(broker
     finally:
         await b.stop()
         await a.stop()
+
+
+class _Events:
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.events: list[object] = []
+
+    async def start(self) -> None:
+        return None
+
+    async def export(self, events: object) -> None:
+        self.events.extend(events)  # type: ignore[call-overload]
+
+    async def shutdown(self) -> None:
+        return None
+
+
+async def test_a_message_delivered_again_after_its_trace_was_scored_is_a_duplicate(
+    broker: TansuBroker,
+) -> None:
+    """A re-read message (a rebalance re-reading from the commit, a producer retry without
+    idempotence) carries spans already scored: duplicates, never a revision that doubles every step."""
+    topic, group = "spans-redelivery", "g-redelivery"
+    tp = TopicPartition(topic, 0)
+    await _create_topic(broker.bootstrap, topic, 1)
+    scored_id, open_id = new_trace_id(), new_trace_id()
+    rootless = trace_request([open_id], spans_per_trace=2)
+    for span in rootless.resource_spans[0].scope_spans[0].spans:
+        span.parent_span_id = b"\x07" * 8  # no root yet: stays open (rootless timeout) and holds offset 0
+    scored = trace_request([scored_id], spans_per_trace=4).SerializeToString()
+    await _produce(broker.bootstrap, topic, [(open_id, rootless.SerializeToString()), (scored_id, scored)])
+    environ = {
+        "STEPWATCH_RECEIVERS__GRPC__ENABLED": "false",
+        "STEPWATCH_RECEIVERS__HTTP__ENABLED": "false",
+        "STEPWATCH_EXPORTERS__PROMETHEUS__ENDPOINT": "127.0.0.1:0",
+        "STEPWATCH_RECEIVERS__KAFKA__ENABLED": "true",
+        "STEPWATCH_RECEIVERS__KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap,
+        "STEPWATCH_RECEIVERS__KAFKA__TOPIC": topic,
+        "STEPWATCH_RECEIVERS__KAFKA__GROUP_ID": group,
+        "STEPWATCH_RECEIVERS__KAFKA__INITIAL_OFFSET": "earliest",
+        "STEPWATCH_RECEIVERS__KAFKA__COMMIT_INTERVAL_MS": "50",
+    }
+    clock = ManualClock()
+    recorder = _Events()
+    service = Service(load_config(None, environ=environ), clock=clock, exporters=[recorder])
+    await service.start()
+
+    async def settle(seconds: float) -> None:
+        clock.advance(seconds)
+        service.sweep_now()
+        while service._inflight:
+            await asyncio.gather(*list(service._inflight))
+        await service.fanout.flush()
+
+    try:
+        acc = service.accounting
+        await _until(lambda: acc.received["kafka"] == 6, what="both messages")
+        await settle(2.5)
+        assert acc.scored == 4 and len(recorder.events) == 1
+        await _produce(broker.bootstrap, topic, [(scored_id, scored)])  # the same message again
+        await _until(lambda: acc.received["kafka"] == 10, what="the redelivered message")
+        await settle(2.5)
+        assert (acc.duplicates["received"], acc.late, acc.scored) == (4, 0, 4)
+        assert [e.revision for e in recorder.events] == [0], "no revision from a redelivery"  # type: ignore[attr-defined]
+        assert service.kafka_ingest is not None and service.kafka_ingest.watermark(tp) == 0
+        await settle(31.0)  # the rootless trace closes; nothing holds the partition any more
+        assert acc.scored == 6
+        await _until(lambda: service.kafka_ingest.watermark(tp) == 3, what="the watermark past all three")  # type: ignore[union-attr]
+    finally:
+        await service.shutdown(grace=1.0)
+    assert await _committed(broker, group, tp) == 3
