@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 SPAN_ID_BYTES = 8
-ENTRY_OVERHEAD_BYTES = 240
+ENTRY_OVERHEAD_BYTES = 300
 """Measured cost of one entry beyond its span ids: the slots object, the key, the dict slot
 (bench/bench_ledger.py prints the measured bytes per closed trace next to this estimate)."""
 

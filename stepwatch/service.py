@@ -825,7 +825,11 @@ class Service:
             expectation_version=expectation.version if expectation is not None else None,
             scored_at_unix_nano=time.time_ns(),
             last_span_monotonic=closed.last_arrival,
-            scored_spans=_scored_spans(closed.records) if self.decisions is not None else {},
+            scored_spans=(
+                _scored_spans(closed.records, closed.partition_type == "trace")
+                if self.decisions is not None
+                else {}
+            ),
             attributes={
                 **self._stream_attributes(partition),
                 **({"tenant": tenant} if self.policy.enabled else {}),
@@ -900,8 +904,12 @@ def _tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-def _scored_spans(records: Sequence[tuple[bytes, bytes, int, bytes, object]]) -> Mapping[bytes, bytes]:
+def _scored_spans(
+    records: Sequence[tuple[bytes, bytes, int, bytes, object]], one_trace: bool
+) -> Mapping[bytes, bytes]:
     """Each trace's span ids in a scored snapshot: what its decision record says was scored."""
+    if one_trace and records:
+        return {records[0][0]: pack_span_ids([rec[1] for rec in records])}
     by_trace: dict[bytes, list[bytes]] = {}
     for rec in records:
         ids = by_trace.get(rec[0])
