@@ -12,7 +12,6 @@ from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-LOADGEN = Path("/work/shared/tools/loadgen/otlp_loadgen.py")
 RUNNER = Path(__file__).with_name("serve_recording.py")
 
 
