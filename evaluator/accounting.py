@@ -5,11 +5,14 @@ The identity, at any moment: received + replayed = scored + rejected + duplicate
 
 Plain integer counters, cheaper than metric objects on the hot path; the Prometheus exporter reads
 them at scrape time. Each field is written from one place: ingest counters by the receivers' event
-loop, buffer counters under the buffer's lock, scoring counters by the scoring worker.
+loop, buffer counters under the buffer's lock, scoring counters (`scored`, `closed`, `unmatched`,
+`scoring_errors`) by the scoring workers under `scoring_lock` (several run at once when
+`scoring.workers > 1`, and `+=` on a counter is not atomic across threads).
 """
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -33,10 +36,15 @@ class SpanAccounting:
     """Partitions scored, by (partition_type, close reason)."""
     unmatched: Counter[str] = field(default_factory=Counter)
     """Partitions with no registered expectation, by partition_type."""
+    scoring_errors: int = 0
+    """Spans of partitions whose decoding or partitioning failed (a bug; logged): exported as
+    rejected{reason="scoring_error"}."""
+    scoring_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def settled(self) -> int:
         """Spans whose fate is decided: scored + rejected + duplicates + late."""
-        return self.scored + sum(self.rejected.values()) + sum(self.duplicates.values()) + self.late
+        rejected = sum(self.rejected.values()) + self.scoring_errors
+        return self.scored + rejected + sum(self.duplicates.values()) + self.late
 
     def taken_in(self) -> int:
         """Spans that entered this process: received + replayed."""

@@ -91,7 +91,10 @@ class _IngestCollector(Collector):
         rejected = CounterMetricFamily(
             "stepwatch_spans_rejected", "Spans refused, by reason.", labels=["reason"]
         )
-        for reason, count in sorted(acc.rejected.items()):
+        reasons = dict(acc.rejected)
+        if acc.scoring_errors:
+            reasons["scoring_error"] = reasons.get("scoring_error", 0) + acc.scoring_errors
+        for reason, count in sorted(reasons.items()):
             rejected.add_metric([reason], count)
         yield rejected
         requests = CounterMetricFamily(

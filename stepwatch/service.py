@@ -572,7 +572,7 @@ class Service:
             sum(acc.received.values()),
             acc.replayed,
             acc.scored,
-            sum(acc.rejected.values()),
+            sum(acc.rejected.values()) + acc.scoring_errors,
             sum(acc.duplicates.values()),
             acc.late,
         )
@@ -719,7 +719,8 @@ class Service:
                 scored, more = self._process(item)
             except Exception:  # a bug in decoding/partitioning: account the spans, go on
                 log.exception("scoring partition %s failed", item.partition_id)
-                self.accounting.rejected["scoring_error"] += item.new_spans
+                with self.accounting.scoring_lock:
+                    self.accounting.scoring_errors += item.new_spans
                 self.buffer.done(item)
                 if item.needs_routing:
                     with contextlib.suppress(ValueError):
@@ -805,11 +806,12 @@ class Service:
         sync = [s for s in scorers if not is_async_scorer(s)]
         results = [*run_sync_scorers(inp, sync), *skipped]
         acc = self.accounting
-        if closed.revision == 0:
-            acc.scored += closed.new_spans
-            if expectation is None:
-                acc.unmatched[partition.type] += 1
-        acc.closed[(partition.type, closed.reason)] += 1
+        with acc.scoring_lock:
+            if closed.revision == 0:
+                acc.scored += closed.new_spans
+                if expectation is None:
+                    acc.unmatched[partition.type] += 1
+            acc.closed[(partition.type, closed.reason)] += 1
         self.buffer.done(closed)
         event = PartitionScores(
             partition_type=partition.type,
