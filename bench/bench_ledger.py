@@ -34,10 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_e2e
 from bench_pipeline import DEFAULT_LOADGEN, make_traffic
 
+from stepwatch.commands.serve import GC_THRESHOLDS
 from stepwatch.config import load_config
 from stepwatch.evaluator.clock import ManualClock
 from stepwatch.evaluator.ledger import DecisionLedger, LedgerLimits
-from stepwatch.service import GC_THRESHOLDS, Service
+from stepwatch.service import Service
 
 
 class _Forgetful(DecisionLedger):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -316,7 +315,6 @@ class Service:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        _tune_gc()
         await self.fanout.start()
         if self.metrics_server is not None:
             await self.metrics_server.start()
@@ -888,22 +886,6 @@ class Service:
 
 INLINE_SLICE_SECONDS = 0.005
 """Longest run of inline scoring before the event loop serves receivers again."""
-GC_THRESHOLDS = (20_000, 20, 50)
-"""Scoring allocates many short-lived objects while the buffer holds many long-lived ones; with
-CPython's default gen0 threshold (700) collections cost ~30% of close time (docs/serve.md)."""
-_gc_tuned = False
-
-
-def _tune_gc() -> None:
-    """Once per process: collect young objects less often (garbage cycles only live longer).
-
-    gc.freeze() after start-up was ~2 us/span faster still, but a restarted `serve` with a Kafka
-    spool then never scored (tests/service/test_serve_score_streams.py): not used."""
-    global _gc_tuned
-    if _gc_tuned:
-        return
-    _gc_tuned = True
-    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def _scored_spans(
