@@ -24,7 +24,9 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from .wal import RecordRef, WalConfig, WalFull, WriteAheadLog
+from prometheus_client import CollectorRegistry
+
+from .wal import RecordRef, WalConfig, WalFull, WalMetrics, WriteAheadLog
 from .wal_format import UnreadableEntry
 
 _MAGIC = b"SWD1"
@@ -97,8 +99,10 @@ class DecisionLog:
         data: WriteAheadLog,
         retention: float,
         clock: Callable[[], float] = time.monotonic,
+        registry: CollectorRegistry | None = None,
     ) -> None:
-        self.log = WriteAheadLog(config, check=Decision.from_bytes)
+        metrics = WalMetrics(registry, "decision_log", "decision log")
+        self.log = WriteAheadLog(config, check=Decision.from_bytes, metrics=metrics)
         self._data = data
         self._retention = retention
         self._now = clock

@@ -101,17 +101,21 @@ class _Segment:
 
 
 class WalMetrics:
-    """The Durability gauges and counter of docs/metrics.md."""
+    """The Durability gauges and counter of docs/metrics.md, for the WAL (`wal`) or the decision log."""
 
-    def __init__(self, registry: CollectorRegistry | None) -> None:
-        self.bytes = Gauge("stepwatch_wal_bytes", "Bytes in write-ahead log segments.", registry=registry)
+    def __init__(
+        self, registry: CollectorRegistry | None, name: str = "wal", what: str = "write-ahead log"
+    ) -> None:
+        self.bytes = Gauge(f"stepwatch_{name}_bytes", f"Bytes in {what} segments.", registry=registry)
         self.bytes_limit = Gauge(
-            "stepwatch_wal_bytes_limit", "Disk bound of the write-ahead log.", registry=registry
+            f"stepwatch_{name}_bytes_limit", f"Disk bound of the {what}.", registry=registry
         )
-        self.segments = Gauge("stepwatch_wal_segments", "Write-ahead log segment files.", registry=registry)
+        self.segments = Gauge(
+            f"stepwatch_{name}_segments", f"{what.capitalize()} segment files.", registry=registry
+        )
         self.corrupt = Counter(
-            "stepwatch_wal_corrupt_records_total",
-            "Torn, corrupt or unreadable (unknown entry layout) write-ahead log records skipped on replay.",
+            f"stepwatch_{name}_corrupt_records_total",
+            f"Torn, corrupt or unreadable (unknown layout) {what} records skipped on replay.",
             registry=registry,
         )
 
@@ -128,12 +132,13 @@ class WriteAheadLog:
         config: WalConfig,
         registry: CollectorRegistry | None = None,
         check: Callable[[bytes], object] = check_entry,
+        metrics: WalMetrics | None = None,
     ) -> None:
         """`check` raises UnreadableEntry for a payload replay must refuse (the WAL's own entries by
         default; the decision log passes its own)."""
         self.config = config
         self._check = check
-        self.metrics = WalMetrics(registry)
+        self.metrics = metrics or WalMetrics(registry)
         self.metrics.bytes_limit.set(config.max_bytes)
         self._dir = config.directory
         self._segments: dict[int, _Segment] = {}

@@ -200,6 +200,7 @@ class Service:
                 self.wal,
                 config.ledger.retention,
                 self.clock.monotonic,
+                registry=self.prometheus.registry,
             )
         self.kafka_ingest: KafkaIngest | None = None
         if config.receivers.kafka.enabled:
