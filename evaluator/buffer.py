@@ -228,8 +228,8 @@ class PartitionBuffer:
             for trace_id, trace in touched.items():
                 trace.last = now
                 traces.move_to_end(trace_id)
-            for trace_id, span_ids in added.items():
-                self.ledger.add(trace_id, span_ids)
+            for trace_id, new_ids in added.items():
+                self.ledger.add(trace_id, new_ids)
             if skipped:
                 left_out = set(map(id, skipped))
                 adm.taken = [rec for rec in records if id(rec) not in left_out]

@@ -149,10 +149,10 @@ class DecisionLedger:
             self._bytes -= ENTRY_OVERHEAD_BYTES + len(entry.ids)
         sessions = self._sessions
         while sessions:
-            key, (_, touched) = next(iter(sessions.items()))
+            session, (_, touched) = next(iter(sessions.items()))
             if touched > cutoff:
                 break
-            del sessions[key]
+            del sessions[session]
 
     @contextmanager
     def unbounded(self) -> Iterator[None]:

@@ -262,9 +262,12 @@ async def run_async_scorers(inp: ScoringInput, scorers: Sequence[Scorer]) -> lis
     )
     by_scorer: dict[int, list[ScoreResult]] = {}
     for scorer, result in zip(async_, gathered[: len(async_)], strict=True):
+        assert not isinstance(result, dict)  # the async scorers' results come first
         by_scorer[id(scorer)] = [result] if result is not None else []
     if sync_task is not None:
-        by_scorer.update(gathered[-1])
+        keyed = gathered[-1]
+        assert isinstance(keyed, dict)  # the sync batch's results keyed by scorer
+        by_scorer.update(keyed)
     return [result for scorer in scorers for result in by_scorer.get(id(scorer), [])]
 
 
