@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from stepwatch.evaluator.buffer import SpanRecord
+from stepwatch.evaluator.content import strip_content
 from stepwatch.evaluator.expectations_store import (
     ExpectationsError,
     ExpectationsStore,
@@ -38,7 +39,6 @@ from stepwatch.security.limits import (
     read_bounded,
     scoring_guard,
 )
-from stepwatch.security.redaction import strip_content
 from stepwatch.security.tenants import DEFAULT_TENANT, PerTenant, Tenant
 
 _TRACE_ID_BYTES = 16
