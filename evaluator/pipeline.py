@@ -178,14 +178,15 @@ def _is_coroutine_function(function: FunctionType) -> bool:
     return inspect.iscoroutinefunction(function)
 
 
-def _uses_expected_steps(scorer: Scorer) -> bool:
+def uses_expected_steps(scorer: Scorer) -> bool:
+    """Whether the scorer reads the expected steps (step_accuracy by default; others declare it)."""
     return bool(getattr(scorer, "uses_expected_steps", scorer.name == STEP_ACCURACY))
 
 
 def _pre_result(inp: ScoringInput, scorer: Scorer) -> ScoreResult | None:
     """A result decided without running the scorer (bad annotation), else None."""
     error = inp.extras.get(EXPECTED_STEPS_ERROR)
-    if error is not None and _uses_expected_steps(scorer):
+    if error is not None and uses_expected_steps(scorer):
         return ScoreResult(metric=scorer.name, error=str(error))
     return None
 

@@ -19,7 +19,7 @@ from stepwatch.evaluator.expectations_store import (
     parse_expectations,
 )
 from stepwatch.evaluator.model import Span
-from stepwatch.evaluator.pipeline import STEP_ACCURACY, AttributeSelection
+from stepwatch.evaluator.pipeline import AttributeSelection, uses_expected_steps
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.evaluator.scorers.base import Scorer, ScoringInput
 from stepwatch.exporters.base import carries_content as declares_content
@@ -212,10 +212,6 @@ def decode_limited(
         for i, span in zip(need, limited, strict=True):
             spans[i] = span
     return spans
-
-
-def uses_expected_steps(scorer: Scorer) -> bool:
-    return bool(getattr(scorer, "uses_expected_steps", scorer.name == STEP_ACCURACY))
 
 
 def guard(inp: ScoringInput, limits: LimitsConfig, meter: LimitMeter) -> str | None:
