@@ -17,14 +17,17 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
 
+import grpc
 import pytest
 from aiokafka import AIOKafkaConsumer
 from crash_helpers import Server, generated_traces, score_lines, scored_traces
 from kafka_broker import TansuBroker
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from serve_helpers import free_port, scrape, serve_env, total
 from shared_paths import LOADGEN
 from tcp_proxy import TcpProxy
@@ -104,6 +107,71 @@ def _balanced(samples: dict) -> tuple[float, float]:  # type: ignore[type-arg]
     return taken_in, settled
 
 
+class SideTraffic:
+    """Long-open traces beside the loadgen's: one rootless span every `interval`, its root only at
+    the end. Each pins the WAL segment its span landed in, so some segments outlive the loadgen
+    traces in them while their neighbours are deleted: exactly what leaves a scored trace's tail
+    on disk without its head. Deterministic ids and times, so the clean run scores the same spans."""
+
+    def __init__(self, port: int, traces: int = 40, interval: float = 0.15) -> None:
+        self.port, self.traces, self.interval = port, traces, interval
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.error: BaseException | None = None
+
+    def _span(self, i: int, root: bool) -> bytes:
+        request = ExportTraceServiceRequest()
+        spans = request.resource_spans.add().scope_spans.add().spans
+        span = spans.add()
+        span.trace_id = bytes([0xEE]) + i.to_bytes(15, "big")
+        span.span_id = (i * 2 + (0 if root else 1) + 1).to_bytes(8, "big")
+        if not root:
+            span.parent_span_id = (i * 2 + 1).to_bytes(8, "big")
+        span.name = "side.run" if root else "side_tool"
+        span.start_time_unix_nano = 1_767_225_600_000_000_000 + i * 1000
+        span.end_time_unix_nano = span.start_time_unix_nano + (5000 if root else 10)
+        return request.SerializeToString()
+
+    def _send(self, export, payload: bytes) -> None:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + 120
+        while True:  # until acknowledged: the server may be down (killed) for a while
+            try:
+                export(payload, timeout=5)
+                return
+            except grpc.RpcError:
+                assert time.monotonic() < deadline, "side traffic never acknowledged"
+                time.sleep(0.2)
+
+    def _run(self) -> None:
+        try:
+            with grpc.insecure_channel(f"127.0.0.1:{self.port}") as channel:
+                export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
+                for i in range(self.traces):
+                    self._send(export, self._span(i, root=False))
+                    time.sleep(self.interval)
+                for i in range(self.traces):
+                    self._send(export, self._span(i, root=True))
+        except BaseException as exc:  # reported by join()
+            self.error = exc
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self) -> None:
+        self._thread.join(timeout=300)
+        assert not self._thread.is_alive(), "side traffic did not finish"
+        if self.error is not None:
+            raise self.error
+
+    def trace_ids(self) -> set[str]:
+        return {(bytes([0xEE]) + i.to_bytes(15, "big")).hex() for i in range(self.traces)}
+
+
+def _segment_ids(data_dir: Path) -> list[int]:
+    """The WAL's live segment ids (a gap: a segment was deleted while later ones live on)."""
+    ids = sorted(int(p.stem) for p in (data_dir / "wal").glob("*.wal"))
+    return ids or [0]
+
+
 def _clean_run(tmp_path: Path, expectations: Path) -> dict[Key, object]:
     events = tmp_path / "clean-events.txt"
     grpc, metrics = free_port(), free_port()
@@ -114,9 +182,13 @@ def _clean_run(tmp_path: Path, expectations: Path) -> dict[Key, object]:
     server.start()
     try:
         dump = tmp_path / "batches"
+        side = SideTraffic(grpc)
+        side.start()
         _finish(_loadgen(f"127.0.0.1:{grpc}", "--dump", str(dump)))
+        side.join()
         generated = generated_traces(dump)
         assert len(generated) == TRACES
+        generated |= side.trace_ids()
         _wait(lambda: generated <= scored_traces(events), 120, "the clean run to score every trace")
     finally:
         server.stop()
@@ -184,16 +256,20 @@ def test_two_sigkills_small_segments_and_a_kafka_outage_change_no_score(tmp_path
     try:
         server.start()
         loadgen = _loadgen(f"127.0.0.1:{grpc}")
+        side = SideTraffic(grpc)
+        side.start()
         for crash, proxy_down in ((1, False), (2, True)):
             before = len(scored_traces(events))
-            _wait(
-                lambda before=before: len(scored_traces(events)) >= before + 20,
+            _wait(  # mid-stream, with scored traces' segments already deleted beside pinned ones
+                lambda before=before: (
+                    len(scored_traces(events)) >= before + 20
+                    and _segment_ids(data_dir)[-1] - _segment_ids(data_dir)[0] + 1
+                    > len(_segment_ids(data_dir))
+                ),
                 180,
-                f"scores before kill {crash}",
+                f"scores and deleted segments before kill {crash}",
             )
             assert loadgen.poll() is None, "the load generator finished before the crash"
-            segments = list((data_dir / "wal").glob("*.wal"))
-            assert len(segments) >= 2, "traces straddle small segments"
             server.kill()
             if proxy_down:
                 proxy.stop()  # the broker is unreachable while the second life starts and runs
@@ -201,7 +277,8 @@ def test_two_sigkills_small_segments_and_a_kafka_outage_change_no_score(tmp_path
         time.sleep(3)
         proxy.start()
         _finish(loadgen)
-        _wait(lambda: len(scored_traces(events)) >= TRACES, 180, "every trace scored")
+        side.join()
+        _wait(lambda: len(scored_traces(events)) >= TRACES + side.traces, 180, "every trace scored")
         samples = scrape(metrics)
         _wait(
             lambda: (
