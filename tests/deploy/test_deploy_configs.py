@@ -218,6 +218,18 @@ def test_statefulset_follows_kubernetes_best_practice() -> None:
     assert _matches(pdb["spec"]["selector"]["matchLabels"], pod["metadata"]["labels"])
 
 
+def test_pods_get_no_service_link_variables() -> None:
+    """Service links for stepwatch-metrics / stepwatch-gateway would put STEPWATCH_METRICS_PORT=tcp://...
+    in Stepwatch's environment: off in every pod template (the parser also ignores them)."""
+    templates = [
+        doc["spec"]["template"]["spec"]
+        for doc in _k8s_objects().values()
+        if doc["kind"] in {"StatefulSet", "Deployment", "DaemonSet"}
+    ]
+    assert len(templates) == 2
+    assert all(spec.get("enableServiceLinks") is False for spec in templates)
+
+
 def test_servicemonitor_selects_the_metrics_service_port() -> None:
     objects = _k8s_objects()
     monitor = objects[("ServiceMonitor", "stepwatch")]

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from serve_helpers import STEPWATCH, scrape, serve_env, start_serve, total
+from serve_helpers import K8S_SERVICE_LINKS, STEPWATCH, scrape, serve_env, start_serve, total
 
 pytestmark = pytest.mark.slow
 
@@ -45,6 +45,24 @@ def test_bad_config_exits_2_with_the_key_and_source(tmp_path) -> None:
     env = {**os.environ, "STEPWATCH_RECEIVERS__GRPC__ENDPOINT": "nonsense"}
     done = subprocess.run([STEPWATCH, "check-config"], capture_output=True, text=True, timeout=30, env=env)
     assert done.returncode == 2 and "from STEPWATCH_RECEIVERS__GRPC__ENDPOINT" in done.stderr
+
+
+def test_check_config_ignores_kubernetes_service_links_and_refuses_real_typos() -> None:
+    """A pod in a namespace with the stepwatch-metrics and stepwatch-gateway Services gets their
+    service-link variables; check-config (and serve) must take them, and still catch a typo."""
+    env = {**serve_env(), **K8S_SERVICE_LINKS, "STEPWATCH_BUFFER__TRACE_IDLE_TIMEOUT": "1.5"}
+    done = subprocess.run([STEPWATCH, "check-config"], capture_output=True, text=True, timeout=30, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "trace_idle_timeout: 1.5" in done.stdout and "10.96.0.12" not in done.stdout
+    env["STEPWATCH_EXPORTERS__PROMETHEUS__MAX_TASK_KEYZ"] = "5"
+    done = subprocess.run([STEPWATCH, "check-config"], capture_output=True, text=True, timeout=30, env=env)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1, done.stderr  # one problem, one line
+    assert (
+        "exporters.prometheus.max_task_keyz (from STEPWATCH_EXPORTERS__PROMETHEUS__MAX_TASK_KEYZ)"
+        in done.stderr
+    )
+    assert "did you mean 'max_task_keys'?" in done.stderr
 
 
 def test_invalid_expectations_file_refuses_to_start(tmp_path) -> None:
