@@ -331,7 +331,15 @@ class MetricsServer:
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True, ssl_context=self._ssl)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            reason = (exc.strerror or str(exc)).rsplit(": ", 1)[
+                -1
+            ]  # asyncio: "error while ... on (addr): why"
+            raise OSError(
+                exc.errno, f"metrics endpoint cannot bind {self._host}:{self._port}: {reason}"
+            ) from exc
         server = site._server
         sockets = getattr(server, "sockets", None) or []
         if sockets:

@@ -14,7 +14,9 @@ RetryInfo travels both in `grpc-status-details-bin` (google.rpc.Status details) 
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 from collections.abc import Callable, Sequence
 
 import grpc
@@ -97,12 +99,21 @@ class OtlpGrpcReceiver:
         )
         handler = grpc.unary_unary_rpc_method_handler(self._export)  # raw bytes in and out
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Export": handler}),))
-        if self._credentials is not None:
-            port = server.add_secure_port(self._address, self._credentials)
-        else:
-            port = server.add_insecure_port(self._address)
+        if not self._address.endswith(":0"):
+            refusal = _bind_error(self._address)  # before grpc tries: its C core logs its own lines
+            if refusal is not None:
+                raise refusal
+        try:
+            if self._credentials is not None:
+                port = server.add_secure_port(self._address, self._credentials)
+            else:
+                port = server.add_insecure_port(self._address)
+        except RuntimeError:  # grpcio's "Failed to bind to address ...": no errno, no reason
+            port = 0
         if port == 0:
-            raise OSError(f"OTLP/gRPC receiver cannot bind {self._address}")
+            raise _bind_error(self._address) or OSError(
+                errno.EADDRNOTAVAIL, f"OTLP/gRPC receiver cannot bind {self._address}"
+            )
         self.port = port
         await server.start()
         self._server = server
@@ -145,3 +156,23 @@ class OtlpGrpcReceiver:
         if self._server is not None:
             server, self._server = self._server, None
             await server.stop(grace)
+
+
+def _bind_error(address: str) -> OSError | None:
+    """Why `address` cannot be bound, as the OS says it (grpcio only says that binding failed, and
+    its C core logs lines of its own): bind a plain socket there, with SO_REUSEADDR as gRPC does;
+    None when that works. The message reads like the HTTP and metrics listeners'."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, sockaddr = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(sockaddr)
+    except OSError as exc:
+        reason = (exc.strerror or str(exc)).lower()
+        return OSError(
+            exc.errno or errno.EADDRNOTAVAIL, f"OTLP/gRPC receiver cannot bind {address}: {reason}"
+        )
+    return None

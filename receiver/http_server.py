@@ -183,7 +183,15 @@ class OtlpHttpReceiver:
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, auto_decompress=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True, ssl_context=self._ssl)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            reason = (exc.strerror or str(exc)).rsplit(": ", 1)[
+                -1
+            ]  # asyncio: "error while ... on (addr): why"
+            raise OSError(
+                exc.errno, f"OTLP/HTTP receiver cannot bind {self._host}:{self._port}: {reason}"
+            ) from exc
         sockets = getattr(site._server, "sockets", None) or []
         if sockets:
             self.port = sockets[0].getsockname()[1]

@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
             await service.start()
         except OSError as exc:
             await service.shutdown()
-            raise UsageError(f"cannot start: {exc}") from None
+            raise UsageError(f"cannot start: {exc.strerror or exc}") from None
         await stop.wait()
         logging.getLogger("stepwatch").info("signal received: draining")
         await service.shutdown()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -45,6 +46,32 @@ def test_bad_config_exits_2_with_the_key_and_source(tmp_path) -> None:
     env = {**os.environ, "STEPWATCH_RECEIVERS__GRPC__ENDPOINT": "nonsense"}
     done = subprocess.run([STEPWATCH, "check-config"], capture_output=True, text=True, timeout=30, env=env)
     assert done.returncode == 2 and "from STEPWATCH_RECEIVERS__GRPC__ENDPOINT" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "listener"),
+    [
+        ("--grpc-endpoint", "OTLP/gRPC receiver"),
+        ("--http-endpoint", "OTLP/HTTP receiver"),
+        ("--metrics-endpoint", "metrics endpoint"),
+    ],
+)
+def test_a_port_in_use_is_one_line_and_exit_2(flag: str, listener: str) -> None:
+    """4317 taken (a collector already running) must read like 4318 and 9464: one line, exit 2."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        endpoints = {f: "127.0.0.1:0" for f in ("--grpc-endpoint", "--http-endpoint", "--metrics-endpoint")}
+        endpoints[flag] = f"127.0.0.1:{port}"
+        argv = [STEPWATCH, "serve", *(part for item in endpoints.items() for part in item)]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=serve_env())
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "add_port" not in done.stderr, done.stderr
+    errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
+    assert errors == [
+        f"stepwatch serve: error: cannot start: {listener} cannot bind 127.0.0.1:{port}: address already in use"
+    ]
 
 
 def test_check_config_ignores_kubernetes_service_links_and_refuses_real_typos() -> None:
