@@ -25,22 +25,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="/metrics, /healthz, /readyz bind address (default localhost:9464)",
     )
     parser.add_argument(
-        "--expectations", metavar="FILE", help="expectations file (YAML or JSON), watched for changes"
+        "--expectations",
+        metavar="FILE",
+        help="expectations file (YAML or JSON), watched for changes (default: none; every partition "
+        "gets only the expectation-free scorers)",
     )
     parser.add_argument(
         "--trace-idle-timeout",
         type=float,
         metavar="SECONDS",
-        help="close a trace this long after its last span",
+        help="close a trace this long after its last span, once its root span ended (default 2.0)",
     )
     parser.add_argument(
         "--session-idle-timeout",
         type=float,
         metavar="SECONDS",
-        help="close a session this long after its last span",
+        help="close a session this long after the last span of any of its traces (default 30.0)",
     )
     parser.add_argument(
-        "--data-dir", metavar="DIR", help="state directory: write-ahead log of accepted spans in DIR/wal"
+        "--data-dir",
+        metavar="DIR",
+        help=f"state directory: write-ahead log of accepted spans in DIR/wal, Kafka spool in "
+        f"DIR/kafka-spool (default ./{EMBEDDED_DATA_DIR}, created in the working directory)",
     )
     parser.add_argument(
         "--no-wal",
@@ -52,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kafka-bootstrap",
         metavar="HOST:PORT[,...]",
-        help="Kafka bootstrap servers: turns on Kafka score events, and serves --kafka-ingest-topic too",
+        help="Kafka bootstrap servers: turns on Kafka score events, and serves --kafka-ingest-topic too (default: off)",
     )
     parser.add_argument(
         "--kafka-topic", metavar="NAME", help="topic of the score events (default stepwatch.scores)"
@@ -65,12 +71,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--otlp-metrics-endpoint",
         metavar="URL",
-        help="OTLP/gRPC endpoint (http://host:4317): turns on OTel score metrics and evaluation events",
+        help="OTLP/gRPC endpoint (http://host:4317): turns on OTel score metrics and evaluation events (default: off)",
     )
     parser.add_argument(
         "--kafka-ingest-topic",
         metavar="TOPIC",
-        help="consume OTLP traces from this topic (enables the receiver)",
+        help="consume OTLP traces from this topic (enables the receiver; default: off)",
     )
     parser.add_argument("--kafka-ingest-group", metavar="GROUP", help="consumer group (default stepwatch)")
     parser.add_argument(
@@ -79,7 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="message encoding (default otlp_proto)",
     )
     parser.add_argument(
-        "--tls-cert", metavar="FILE", help="PEM certificate for the OTLP receivers (TLS; reloaded on change)"
+        "--tls-cert",
+        metavar="FILE",
+        help="PEM certificate for the OTLP receivers (TLS; reloaded on change; default: plaintext)",
     )
     parser.add_argument("--tls-key", metavar="FILE", help="PEM private key for --tls-cert")
     parser.add_argument(
@@ -88,9 +96,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--auth-tokens",
         metavar="FILE",
-        help="YAML bearer tokens, tenant -> [tokens] (a bare list: one tenant); requests without one get 401",
+        help="YAML bearer tokens, tenant -> [tokens] (a bare list: one tenant); requests without one get 401 "
+        "(default: $STEPWATCH_AUTH_TOKENS, else no auth)",
     )
-    parser.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="logging level")
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="logging level, any case (default INFO)",
+    )
+    parser.add_argument(
+        "--log-format",
+        type=str.lower,
+        choices=("text", "json"),
+        help="text lines, or one JSON object a line for log pipelines (default text)",
+    )
 
 
 EMBEDDED_DATA_DIR = "stepwatch-data"
@@ -143,6 +163,7 @@ def flag_overrides(args: argparse.Namespace) -> dict[str, tuple[object, str]]:
         "receivers.kafka.group_id": (getattr(args, "kafka_ingest_group", None), "--kafka-ingest-group"),
         "receivers.kafka.encoding": (getattr(args, "kafka_ingest_encoding", None), "--kafka-ingest-encoding"),
         "logging.level": (getattr(args, "log_level", None), "--log-level"),
+        "logging.format": (getattr(args, "log_format", None), "--log-format"),
         "security.receivers_tls.cert_file": (getattr(args, "tls_cert", None), "--tls-cert"),
         "security.receivers_tls.key_file": (getattr(args, "tls_key", None), "--tls-key"),
         "security.receivers_tls.client_ca_file": (getattr(args, "tls_client_ca", None), "--tls-client-ca"),
