@@ -32,6 +32,7 @@ from stepwatch.evaluator.accounting import SpanAccounting
 
 from .ingest import SpanSink
 from .outcome import ingest
+from .rejections import Rejection, rejection_of
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +69,14 @@ class OtlpGrpcReceiver:
         tenant: Callable[[], str] | None = None,
         on_too_large: Callable[[], None] | None = None,
         limit_key: str = "receivers.grpc.max_recv_message_bytes",
+        on_rejected: Callable[[Rejection], None] | None = None,
     ) -> None:
         """`credentials` (TLS), `interceptors` (auth) and `tenant` (the current call's tenant, set by
         an interceptor) come from the composition root, so this module needs no security imports.
         `on_too_large` meters requests over `max_recv_message_bytes` that gRPC lets through;
-        `limit_key` is the configuration key whose value that is, named in the refusal."""
+        `limit_key` is the configuration key whose value that is, named in the refusal;
+        `on_rejected` hears of every refusal (rejections.RejectionLog.record)."""
+        self._on_rejected = on_rejected
         self._credentials = credentials
         self._interceptors = list(interceptors)
         self._tenant = tenant
@@ -118,6 +122,10 @@ class OtlpGrpcReceiver:
         await server.start()
         self._server = server
 
+    def _rejected(self, rejection: Rejection) -> None:
+        if self._on_rejected is not None:
+            self._on_rejected(rejection)
+
     def _grpc_max(self) -> int:
         return min(2 * self._max_recv, 2**31 - 1) if self._on_too_large is not None else self._max_recv
 
@@ -126,20 +134,22 @@ class OtlpGrpcReceiver:
             if self._on_too_large is not None:
                 self._on_too_large()
             self._accounting.requests_rejected["too_large"] += 1
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"request of {len(data)} bytes is over the limit of {self._max_recv} bytes ({self._limit_key})",
-            )
+            message = f"request of {len(data)} bytes is over the limit of {self._max_recv} bytes ({self._limit_key})"
+            self._rejected(Rejection(PROTOCOL, "too_large", 0, message))
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
         try:
             request = ExportTraceServiceRequest.FromString(data)
         except DecodeError as exc:
             self._accounting.requests_rejected["decode"] += 1
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"request is not a valid OTLP ExportTraceServiceRequest ({exc})",
-            )
+            message = f"request is not a valid OTLP ExportTraceServiceRequest ({exc})"
+            self._rejected(Rejection(PROTOCOL, "decode", 0, message))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
         tenant = self._tenant() if self._tenant is not None else None
         outcome = await ingest(self._sink, request, PROTOCOL, tenant, data)
+        if self._on_rejected is not None:
+            rejection = rejection_of(PROTOCOL, outcome, request, tenant)
+            if rejection is not None:
+                self._on_rejected(rejection)
         if outcome.retry_after is not None:
             code = grpc.StatusCode.UNAVAILABLE if outcome.unavailable else grpc.StatusCode.RESOURCE_EXHAUSTED
             message = f"{outcome.message}; retry after the delay in RetryInfo"

@@ -186,7 +186,8 @@ def run(args: argparse.Namespace) -> int:
     from stepwatch.cli import UsageError
     from stepwatch.config import ConfigError, load_config
     from stepwatch.evaluator.expectations_store import ExpectationsError
-    from stepwatch.security import AuthConfigError, SecretsLogFilter, TLSConfigError
+    from stepwatch.logs import configure as configure_logging
+    from stepwatch.security import AuthConfigError, TLSConfigError
 
     try:
         config = load_config(Path(args.config) if args.config else None, flags=flag_overrides(args))
@@ -197,9 +198,7 @@ def run(args: argparse.Namespace) -> int:
         # so a restart of a zero-config `stepwatch serve` loses no accepted span either.
         durability = config.durability.model_copy(update={"data_dir": Path(EMBEDDED_DATA_DIR)})
         config = config.model_copy(update={"durability": durability})
-    logging.basicConfig(level=config.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for handler in logging.getLogger().handlers:  # in case a library logs an Authorization header
-        handler.addFilter(SecretsLogFilter())
+    configure_logging(config.logging)
     # Buffered spans are many long-lived objects; default GC thresholds re-scan them constantly while
     # scoring allocates (measured: ~30% of scoring time with 250k spans buffered, bench/bench_e2e.py).
     gc.set_threshold(100_000, 50, 100)
