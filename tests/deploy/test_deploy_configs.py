@@ -288,6 +288,21 @@ def test_collector_load_balances_traces_by_trace_id_and_sessions_by_session_id()
 # --- Stepwatch's own configuration ---------------------------------------------------------------
 
 
+def test_the_configmap_is_generated_from_the_container_config() -> None:
+    """deploy/k8s/configmap.yaml is deploy/config/*.yaml verbatim (comments included), by the
+    generator: an edit to one without the other fails here."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("configmap_generator", K8S / "generate_configmap.py")
+    assert spec is not None and spec.loader is not None
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    assert (K8S / "configmap.yaml").read_text() == generator.render(), "run deploy/k8s/generate_configmap.py"
+    data = _k8s_objects()[("ConfigMap", "stepwatch-config")]["data"]
+    assert data["config.yaml"] == (DEPLOY / "config" / "stepwatch.yaml").read_text()
+    assert data["expectations.yaml"] == (DEPLOY / "config" / "expectations.yaml").read_text()
+
+
 def test_container_config_and_expectations_validate_with_stepwatch(tmp_path: Path) -> None:
     from stepwatch.config import load_config
     from stepwatch.evaluator.expectations_store import parse_expectations
