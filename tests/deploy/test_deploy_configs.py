@@ -185,6 +185,11 @@ def test_kustomization_lists_every_manifest() -> None:
     kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     assert sorted(kustomization["resources"]) == sorted(p.name for p in K8S_MANIFESTS)
     assert kustomization["namespace"] == "stepwatch"
+    # `kustomize edit set image stepwatch=...` (docs/operations.md) rewrites the image by this name
+    (image,) = kustomization["images"]
+    (container,) = _k8s_objects()[("StatefulSet", "stepwatch")]["spec"]["template"]["spec"]["containers"]
+    assert container["image"].split(":")[0] == image["name"] == "stepwatch"
+    assert "kustomize edit set image" in (DEPLOY.parent / "docs" / "operations.md").read_text()
 
 
 def _matches(selector: dict[str, str], labels: dict[str, str]) -> bool:

@@ -102,3 +102,23 @@ def test_invalid_expectations_file_refuses_to_start(tmp_path) -> None:
         timeout=30,
     )
     assert done.returncode == 2 and "task 'refund-order': threshold" in done.stderr
+
+
+def test_healthcheck_probes_the_configured_metrics_endpoint() -> None:
+    """The image's HEALTHCHECK (`stepwatch healthcheck`) follows the config, not 127.0.0.1:9464."""
+    from serve_helpers import free_port
+
+    from stepwatch.commands.healthcheck import probe_url
+
+    assert probe_url("0.0.0.0:9464", tls=False) == "http://127.0.0.1:9464/healthz"
+    assert probe_url("[::]:9464", tls=True) == "https://[::1]:9464/healthz"
+    metrics = free_port()
+    env = serve_env(STEPWATCH_EXPORTERS__PROMETHEUS__ENDPOINT=f"0.0.0.0:{metrics}")
+    serve = start_serve(env=env, ports=(free_port(), free_port(), metrics))
+    try:
+        done = subprocess.run([STEPWATCH, "healthcheck"], capture_output=True, text=True, timeout=30, env=env)
+        assert done.returncode == 0, done.stderr
+    finally:
+        serve.stop()
+    done = subprocess.run([STEPWATCH, "healthcheck"], capture_output=True, text=True, timeout=30, env=env)
+    assert done.returncode == 1 and f"unhealthy: http://127.0.0.1:{metrics}/healthz" in done.stderr
