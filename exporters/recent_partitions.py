@@ -70,22 +70,21 @@ class RecentPartitions:
     carries_content = False
 
     def __init__(self, size: int = 200) -> None:
-        self._ring: collections.deque[RecentPartition] = collections.deque(maxlen=size)
+        self._ring: collections.deque[PartitionScores] = collections.deque(maxlen=size)
+        """The events themselves (immutable): summarised only when a page is read."""
 
     async def start(self) -> None:
         return None
 
     async def export(self, events: Sequence[PartitionScores]) -> None:
-        logging_on = log.isEnabledFor(logging.INFO)
-        for event in events:
-            entry = summary(event)
-            self._ring.append(entry)
-            if logging_on:
-                log.info("partition scored", extra={"fields": _fields(entry)})
+        self._ring.extend(events)
+        if log.isEnabledFor(logging.INFO):
+            for event in events:
+                log.info("partition scored", extra={"fields": _fields(summary(event))})
 
     def recent(self) -> list[RecentPartition]:
         """Newest last (the exporter runs on the event loop, as do the page handlers)."""
-        return list(self._ring)
+        return [summary(event) for event in self._ring]
 
     async def shutdown(self) -> None:
         return None
