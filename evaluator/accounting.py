@@ -1,4 +1,7 @@
-"""Span accounting: every span received ends scored, rejected (with a reason) or late.
+"""Span accounting: every span received (or replayed from the write-ahead log) ends scored,
+rejected (with a reason), a duplicate of one already taken, or late.
+
+The identity, at any moment: received + replayed = scored + rejected + duplicates + late + buffered.
 
 Plain integer counters, cheaper than metric objects on the hot path; the Prometheus exporter reads
 them at scrape time. Each field is written from one place: ingest counters by the receivers' event
@@ -16,7 +19,12 @@ class SpanAccounting:
     received: Counter[str] = field(default_factory=Counter)
     """Spans in requests that decoded, by protocol (`grpc`, `http`, `kafka`)."""
     rejected: Counter[str] = field(default_factory=Counter)
-    """Spans refused, by reason (`invalid_trace_id`, `buffer_full`, `limit`, `duplicate`, ...)."""
+    """Spans refused, by reason (`invalid_trace_id`, `buffer_full`, `limit`, ...)."""
+    duplicates: Counter[str] = field(default_factory=Counter)
+    """Spans whose id was already taken for their trace, ignored, by source: `received` (a client
+    retry, a Kafka redelivery) or `replayed` (a write-ahead-log record of spans already scored)."""
+    replayed: int = 0
+    """Spans read back from the write-ahead log at start-up (received by an earlier process)."""
     requests_rejected: Counter[str] = field(default_factory=Counter)
     """Whole requests refused before their spans could be counted (`decode`, `too_large`, ...)."""
     late: int = 0
@@ -27,5 +35,9 @@ class SpanAccounting:
     """Partitions with no registered expectation, by partition_type."""
 
     def settled(self) -> int:
-        """Spans whose fate is decided: scored + rejected + late."""
-        return self.scored + sum(self.rejected.values()) + self.late
+        """Spans whose fate is decided: scored + rejected + duplicates + late."""
+        return self.scored + sum(self.rejected.values()) + sum(self.duplicates.values()) + self.late
+
+    def taken_in(self) -> int:
+        """Spans that entered this process: received + replayed."""
+        return sum(self.received.values()) + self.replayed

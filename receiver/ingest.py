@@ -279,11 +279,17 @@ class Ingestor:
                 acc.rejected["buffer_full"] += len(records)
                 result.retry_after, result.refusal = self.retry_after, "buffer_full"
                 return result
-            # a span that will never be scored (late with no revision to come, past a partition's
-            # limit) must not pin its log record: no score event would ever release it
+            # only the spans the buffer kept are logged (not duplicates, late spans left out, spans
+            # past a limit): a replay re-offers exactly what was kept, never a span already scored
+            taken = records if admission.taken is None else admission.taken
+            # a span that will never be scored (late with no revision to come) must not pin its log
+            # record: no score event would ever release it
             will_score = self.buffer.will_score
-            result.keys = frozenset(key for key in {rec[0] for rec in records} if will_score(key))
-            if wal is not None:
+            result.keys = frozenset(key for key in {rec[0] for rec in taken} if will_score(key))
+            if wal is not None and taken:
+                if admission.taken is not None:
+                    body = records_request_bytes(taken)
+                    payload = WalEntry(tenant if tenant != DEFAULT_TENANT else "", body).to_bytes()
                 ref, result.durable = wal.append_nowait(payload)
                 wal.track(ref, result.keys)
             if admission.limit:

@@ -26,7 +26,7 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,8 +123,16 @@ class WriteAheadLog:
     `track(...)` per accepted request, `release(key)` per emitted partition, `await stop()`.
     """
 
-    def __init__(self, config: WalConfig, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        config: WalConfig,
+        registry: CollectorRegistry | None = None,
+        check: Callable[[bytes], object] = check_entry,
+    ) -> None:
+        """`check` raises UnreadableEntry for a payload replay must refuse (the WAL's own entries by
+        default; the decision log passes its own)."""
         self.config = config
+        self._check = check
         self.metrics = WalMetrics(registry)
         self.metrics.bytes_limit.set(config.max_bytes)
         self._dir = config.directory
@@ -150,6 +158,8 @@ class WriteAheadLog:
         self._dirty = False
         self._new_dir_entry = False
         self._last_sync = 0.0
+        self.on_delete: Callable[[int], None] | None = None
+        """Called with a segment's id when it is deleted (the decision log waits on it)."""
 
     # -- state ------------------------------------------------------------------------------
 
@@ -209,7 +219,7 @@ class WriteAheadLog:
                     continue
                 self._next_seq = max(self._next_seq, item.seq + 1)
                 try:
-                    check_entry(item.payload)
+                    self._check(item.payload)
                 except UnreadableEntry as exc:
                     self.metrics.corrupt.inc()
                     log.error(
@@ -326,11 +336,18 @@ class WriteAheadLog:
             segment.holds += 1
         self._unhold(segment_id)
 
-    def release(self, key: Hashable) -> None:
-        """The partition is scored and handed to the exporters (or dropped): its spans are no longer needed."""
+    def release(self, key: Hashable) -> set[int]:
+        """The partition is scored and handed to the exporters (or dropped): its spans are no longer
+        needed. Returns the segments the key held (where its records are)."""
         self._born.pop(key, None)
-        for segment_id in self._keys.pop(key, ()):
+        segments = self._keys.pop(key, set())
+        for segment_id in segments:
             self._unhold(segment_id)
+        return segments
+
+    def live(self, segment_id: int) -> bool:
+        """Whether the segment is still on disk (or about to be written)."""
+        return segment_id in self._segments
 
     def expire_holds(self, max_age: float) -> int:
         """Release keys held longer than any partition can stay open; returns how many.
@@ -380,10 +397,16 @@ class WriteAheadLog:
         self._bytes -= segment.size
         self._publish()
         path = self._path(segment.id)
-        if self._executor is not None:
-            self._executor.submit(self._unlink, path)
-        else:
+        if self._executor is None:
             self._unlink(path)
+            if self.on_delete is not None:
+                self.on_delete(segment.id)
+            return
+        unlinked = self._executor.submit(self._unlink, path)
+        if self.on_delete is not None:  # only once the file is gone: a crash before must still find it
+            loop = asyncio.get_running_loop()
+            callback, segment_id = self.on_delete, segment.id
+            unlinked.add_done_callback(lambda _: loop.call_soon_threadsafe(callback, segment_id))
 
     # -- writing (event loop) and syncing (writer thread) --------------------------------------
 
