@@ -235,6 +235,15 @@ def test_pods_get_no_service_link_variables() -> None:
     assert all(spec.get("enableServiceLinks") is False for spec in templates)
 
 
+def test_the_statefulset_environment_is_valid_stepwatch_config(tmp_path: Path) -> None:
+    from stepwatch.config import load_config
+
+    (container,) = _k8s_objects()[("StatefulSet", "stepwatch")]["spec"]["template"]["spec"]["containers"]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    logging = load_config(environ=env).logging
+    assert (logging.level, logging.format) == ("INFO", "json")
+
+
 def test_servicemonitor_selects_the_metrics_service_port() -> None:
     objects = _k8s_objects()
     monitor = objects[("ServiceMonitor", "stepwatch")]
