@@ -58,10 +58,12 @@ from stepwatch.receiver.http_server import BadRequest, OtlpHttpReceiver, request
 from stepwatch.receiver.ingest import Ingestor, split_request
 from stepwatch.receiver.kafka_ingest import IngestedMessage, KafkaIngest, TopicPartition
 from stepwatch.receiver.origin import OriginCache
+from stepwatch.receiver.rejections import Rejection
 from stepwatch.receiver.wal import RecordRef, WalClosed, WalConfig, WalFull, WriteAheadLog
 from stepwatch.receiver.wal_format import WalEntry
 
 from .config import ServiceConfig, parse_endpoint
+from .debug_pages import DebugPages
 from .delivery import DeliveryTracker
 from .expectations_watch import ExpectationsWatcher
 from .security import (
@@ -92,6 +94,7 @@ from .tenancy import (
 )
 
 log = logging.getLogger("stepwatch")
+partition_log = logging.getLogger("stepwatch.partitions")  # sampled (stepwatch.logs)
 
 
 @dataclass(slots=True)
@@ -183,7 +186,8 @@ class Service:
             is_registered=lambda key: self.tenant_expectations.registered_anywhere(key),
         )
         self.streams = streams
-        sinks: list[ScoreExporter] = [self.prometheus, *streams, *exporters]
+        self.debug = DebugPages(config.debug_pages)  # partition log + ring, rejection ring, /debug/*
+        sinks: list[ScoreExporter] = [self.prometheus, *streams, *exporters, *self.debug.exporters]
         sinks = [
             PrivateSink(sink, lambda tenant: self.policy.privacy(Tenant(tenant)).include_content)
             for sink in sinks
@@ -260,6 +264,7 @@ class Service:
                 tenant=lambda: self.scope.name(current_tenant.get()),
                 on_too_large=lambda: self.limit_meter.exceeded("message_size"),
                 limit_key="receivers.grpc.max_recv_message_bytes",
+                on_rejected=self.debug.rejections.record,
             )
         if rec.http.enabled:
             host, port = parse_endpoint(rec.http.endpoint)
@@ -281,6 +286,7 @@ class Service:
                 tenant=lambda request: self.scope.name(request.get(TENANT_KEY)),
                 on_too_large=lambda: self.limit_meter.exceeded("message_size"),
                 limit_key="receivers.http.max_body_bytes",
+                on_rejected=self.debug.rejections.record,
             )
         self.metrics_server: MetricsServer | None = None
         if prom.enabled:
@@ -293,6 +299,7 @@ class Service:
                 self.ready,
                 ssl_context=server_ssl_context(sec.metrics_tls).context if sec.metrics_tls.enabled else None,
                 middlewares=[admin_auth_middleware(admin)] if admin.enabled else (),
+                routes=self.debug.routes(),
             )
         keys = config.partitioning.task_key_attributes
         self._scoring_attributes = {io: scoring_attributes(keys, step_io=io) for io in (True, False)}
@@ -408,12 +415,9 @@ class Service:
                 encoded = message.value
         except (BadRequest, DecodeError) as exc:
             self.accounting.requests_rejected["decode"] += 1
-            log.warning(
-                "kafka %s[%d]@%d: undecodable message skipped: %s",
-                message.topic,
-                message.partition,
-                message.offset,
-                exc,
+            where = f"{message.topic}[{message.partition}]@{message.offset}"
+            self.debug.rejections.record(
+                Rejection("kafka", "decode", 0, f"{where}: undecodable, skipped: {exc}")
             )
             return set()
         await self.ingestor.admit()
@@ -602,6 +606,14 @@ class Service:
                     self._delivered(event)
 
     def _dispatch(self, closed: list[ClosedPartition]) -> None:
+        if partition_log.isEnabledFor(logging.DEBUG):
+            for c in closed:
+                fields = {
+                    "partition_type": c.partition_type,
+                    "partition_id": c.partition_id,
+                    "reason": c.reason,
+                }
+                partition_log.debug("partition closed", extra={"fields": {**fields, "revision": c.revision}})
         self.backlog.add(sum(len(c.records) for c in closed))
         workers = self.config.scoring.workers
         chunks = [closed[i::workers] for i in range(min(workers, len(closed)))]
@@ -860,6 +872,7 @@ class Service:
         """A request without a valid token: its spans are received and rejected (reason auth)."""
         self.accounting.received[protocol] += spans
         self.accounting.rejected["auth"] += spans
+        self.debug.rejections.record(Rejection(protocol, "auth", spans, "no valid bearer token"))
 
     def _gauges(self) -> BufferGauges:
         return BufferGauges(

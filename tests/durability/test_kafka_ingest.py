@@ -149,7 +149,8 @@ async def test_service_consumes_collector_encodings_and_skips_a_bad_message(
     finally:
         await service.shutdown(grace=1.0)
     assert any(
-        record.levelno == logging.WARNING and f"{topic}[0]@0" in record.getMessage()
+        record.levelno == logging.WARNING
+        and f"{topic}[0]@0" in record.getMessage() + str(getattr(record, "fields", ""))
         for record in caplog.records
     ), "the skipped message is logged by topic, partition and offset"
     # the bad message never held its partition; the unscored traces did (and were handed over)

@@ -228,11 +228,13 @@ async def test_two_tenants_same_trace_id_are_separate_partitions_with_their_own_
         text = await scrape(service)
         labels = {"metric": "agent.step_accuracy", "partition_type": "trace"}
         assert (
-            sample(text, "stepwatch_evaluation_last_score", **labels, task_key="refund", tenant="team-a")
+            sample(
+                text, "stepwatch_evaluation_last_score_ratio", **labels, task_key="refund", tenant="team-a"
+            )
             == 1.0
         )
-        b_count = {"metric": "trajectory.step_count", "partition_type": "trace", "task_key": "unregistered"}
-        assert sample(text, "stepwatch_evaluation_last_score", **b_count, tenant="team-b") == 3.0
+        b_count = {"partition_type": "trace", "task_key": "unregistered"}
+        assert sample(text, "stepwatch_trajectory_steps_sum", **b_count, tenant="team-b") == 3.0
         assert not [
             line for line in text.splitlines() if "agent.step_accuracy" in line and 'tenant="team-b"' in line
         ]

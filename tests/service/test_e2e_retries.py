@@ -26,10 +26,11 @@ tasks:
     threshold: 0.8
 """
 ACCURACY = {"metric": "agent.step_accuracy", "task_key": "refund-order", "partition_type": "trace"}
-STEPS = {**ACCURACY, "metric": "trajectory.step_count"}
+STEPS = {"task_key": "refund-order", "partition_type": "trace"}  # stepwatch_trajectory_steps has no `metric`
 UNCHANGED_BY_A_RETRY = (
     "stepwatch_evaluations_total",
-    "stepwatch_evaluation_last_score",
+    "stepwatch_evaluation_last_score_ratio",
+    "stepwatch_trajectory_steps_count",
     "stepwatch_spans_scored_total",
     "stepwatch_spans_late_total",
     "stepwatch_spans_rejected_total",
@@ -77,7 +78,7 @@ async def test_a_retry_after_close_is_a_duplicate_and_a_late_span_revises(
         try:
             assert (await asyncio.to_thread(exporter.export, spans)).name == "SUCCESS"
             await h.eventually(lambda: metrics.get("stepwatch_evaluations_total", **ACCURACY, outcome="fail"))
-            assert await metrics.get("stepwatch_evaluation_last_score", **STEPS) == 3.0
+            assert await metrics.get("stepwatch_trajectory_steps_sum", **STEPS) == 3.0
             await h.eventually(lambda: metrics.get("stepwatch_buffered_spans"), 0.0)
             before = _snapshot(await asyncio.to_thread(metrics.scrape))
 
@@ -90,8 +91,10 @@ async def test_a_retry_after_close_is_a_duplicate_and_a_late_span_revises(
             late = _late_step(spans, "issue_refund")  # genuinely new: revision 1 scores all 5 spans
             assert (await asyncio.to_thread(exporter.export, late)).name == "SUCCESS"
             await h.eventually(lambda: metrics.get("stepwatch_evaluations_total", **ACCURACY, outcome="pass"))
-            assert await metrics.get("stepwatch_evaluation_last_score", **ACCURACY) == 1.0
-            assert await metrics.get("stepwatch_evaluation_last_score", **STEPS) == 4.0
+            assert await metrics.get("stepwatch_evaluation_last_score_ratio", **ACCURACY) == 1.0
+            assert (
+                await metrics.get("stepwatch_trajectory_steps_sum", **STEPS) == 3.0 + 4.0
+            )  # revision 1: 4 steps
             assert await metrics.get("stepwatch_spans_late_total") == 1.0
             closed = {"partition_type": "trace", "reason": "late_revision"}
             assert await metrics.get("stepwatch_partitions_closed_total", **closed) == 1.0

@@ -449,8 +449,11 @@ async def test_events_in_the_spool_are_delivered_after_a_process_restart(tmp_pat
 def test_schema_command_prints_the_score_event_schema() -> None:
     done = subprocess.run([STEPWATCH, "schema", "score-event"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == score_event_json_schema()
-    assert json.loads(done.stdout)["title"] == "StepwatchScoreEvent"
+    printed = json.loads(done.stdout)
+    assert printed.pop("$schema") == "https://json-schema.org/draft/2020-12/schema"
+    assert printed.pop("$id").startswith("urn:stepwatch:schema:score-event:v")
+    assert printed == score_event_json_schema()
+    assert printed["title"] == "StepwatchScoreEvent"
 
 
 # -- the corpus scored online with both judge scorers (local judge), out to /metrics and Kafka ------
