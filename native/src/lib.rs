@@ -1,0 +1,306 @@
+//! `stepwatch.receiver._spancore`: the per-span work of ingest and close-time decoding, moved out
+//! of Python. The Python binding (receiver/spancore.py) owns the fallback: every function here
+//! returns None where the pure-Python path must decide (bytes it does not handle, a Python
+//! callback that raised), so results are the pure-Python path's, only faster.
+
+use std::collections::HashMap;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PySet, PyString, PyTuple};
+
+pub mod index;
+pub mod lean;
+pub mod wire;
+
+use index::Pieces;
+use lean::Simple;
+
+const ROOT_ENDED: u8 = 1;
+const SPAN_KINDS: [&str; 6] = ["UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER"];
+const STATUS_CODES: [&str; 3] = ["UNSET", "OK", "ERROR"];
+
+fn pieces<'py>(py: Python<'py>, data: &[u8], pieces: &Pieces) -> Bound<'py, PyBytes> {
+    match pieces.0.as_slice() {
+        [] => PyBytes::new(py, b""),
+        [(start, end)] => PyBytes::new(py, &data[*start..*end]),
+        many => {
+            let joined: Vec<u8> = many.iter().flat_map(|(s, e)| data[*s..*e].iter().copied()).collect();
+            PyBytes::new(py, &joined)
+        }
+    }
+}
+
+/// The ingest index of one encoded ExportTraceServiceRequest, as `split_request` builds it:
+/// (records of the valid spans, (trace_id, span_id, parent, name) of the invalid ones, total),
+/// or None when the bytes are not handled here (the caller then walks the parsed request).
+/// A record is (trace_id, span_id, flags, encoded span, origin); origin is one
+/// (resource bytes, scope bytes) tuple shared by the spans of a ScopeSpans.
+#[pyfunction]
+fn index_request<'py>(
+    py: Python<'py>,
+    data: &[u8],
+) -> PyResult<Option<(Bound<'py, PyList>, Bound<'py, PyList>, usize)>> {
+    let Ok(found) = index::index(data) else {
+        return Ok(None);
+    };
+    let mut rejected: Vec<Bound<'py, PyTuple>> = Vec::new();
+    for span in found.spans.iter().filter(|s| !index::is_valid(data, s)) {
+        let Ok(name) = std::str::from_utf8(&data[span.name.0..span.name.1]) else {
+            return Ok(None);
+        };
+        let ids = [span.trace_id, span.span_id, span.parent].map(|(s, e)| PyBytes::new(py, &data[s..e]));
+        let [trace, id, parent] = ids;
+        rejected.push(PyTuple::new(py, [trace.into_any(), id.into_any(), parent.into_any(), PyString::new(py, name).into_any()])?);
+    }
+    let resources: Vec<Bound<'py, PyBytes>> = found.resources.iter().map(|r| pieces(py, data, r)).collect();
+    let origins = found
+        .origins
+        .iter()
+        .map(|o| PyTuple::new(py, [resources[o.resource].clone(), pieces(py, data, &o.scope)]))
+        .collect::<PyResult<Vec<_>>>()?;
+    let records = PyList::empty(py);
+    for span in found.spans.iter().filter(|s| index::is_valid(data, s)) {
+        let flags = if span.parent.1 == span.parent.0 && span.end_time != 0 { ROOT_ENDED } else { 0 };
+        let record = PyTuple::new(
+            py,
+            [
+                PyBytes::new(py, &data[span.trace_id.0..span.trace_id.1]).into_any(),
+                PyBytes::new(py, &data[span.span_id.0..span.span_id.1]).into_any(),
+                flags.into_pyobject(py)?.into_any(),
+                PyBytes::new(py, &data[span.extent.0..span.extent.1]).into_any(),
+                origins[span.origin].clone().into_any(),
+            ],
+        )?;
+        records.append(record)?;
+    }
+    Ok(Some((records, PyList::new(py, rejected)?, found.spans.len())))
+}
+
+/// An `AttributeSelection` prepared once: exact keys (their Python strings reused as dict keys)
+/// and prefixes.
+#[pyclass(frozen, module = "stepwatch.receiver._spancore")]
+struct Selector {
+    keys: HashMap<String, Py<PyString>>,
+    prefixes: Vec<String>,
+}
+
+#[pymethods]
+impl Selector {
+    #[new]
+    fn new(keys: Vec<Bound<'_, PyString>>, prefixes: Vec<String>) -> PyResult<Self> {
+        let mut map = HashMap::with_capacity(keys.len());
+        for key in keys {
+            map.insert(key.to_str()?.to_owned(), key.unbind());
+        }
+        Ok(Selector { keys: map, prefixes })
+    }
+}
+
+impl Selector {
+    fn wants(&self, key: &str) -> bool {
+        self.keys.contains_key(key) || self.prefixes.iter().any(|p| key.starts_with(p.as_str()))
+    }
+
+    fn key<'py>(&self, py: Python<'py>, key: &str) -> Bound<'py, PyString> {
+        match self.keys.get(key) {
+            Some(text) => text.bind(py).clone(),
+            None => PyString::new(py, key),
+        }
+    }
+}
+
+fn hex<'py>(py: Python<'py>, bytes: &[u8]) -> Bound<'py, PyString> {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        out.push(DIGITS[usize::from(byte >> 4)] as char);
+        out.push(DIGITS[usize::from(byte & 15)] as char);
+    }
+    PyString::new(py, &out)
+}
+
+fn simple_value<'py>(py: Python<'py>, value: Simple<'_>) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match value {
+        Simple::None => py.None().into_bound(py),
+        Simple::Str(text) => PyString::new(py, text).into_any(),
+        Simple::Int(n) => n.into_pyobject(py)?.into_any(),
+        Simple::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
+        Simple::Double(d) => d.into_pyobject(py)?.into_any(),
+    })
+}
+
+/// Per-span limits that send a span to the whole decode (`decode_records_for_limits`).
+#[derive(Clone, Copy)]
+struct Limits {
+    most_bytes: i64,
+    max_json_depth: i64,
+}
+
+fn brackets(payload: &[u8]) -> i64 {
+    payload.iter().filter(|&&b| b == b'[' || b == b'{').count() as i64
+}
+
+/// Canonical Span field dicts of a closed partition's records, as `decode_selected` builds them,
+/// passed to `make` (receiver.otlp_proto.new_span); None when the Python path must decide.
+///
+/// `full`: indices to decode whole (by `whole(payload)`); spans with more than `max_attributes`
+/// distinct attribute keys, or over the `limits` (`most_bytes`, `max_json_depth`), are added to
+/// it. `origin_of(origin)` gives (resource attributes, scope name) per run of records sharing an
+/// origin; `value_of(encoded)` converts the AnyValues not read here (any_value_bytes).
+#[pyfunction]
+#[pyo3(signature = (records, selector, full, max_attributes, limits, origin_of, value_of, whole, make))]
+#[allow(clippy::too_many_arguments)]
+fn read_spans<'py>(
+    py: Python<'py>,
+    records: &Bound<'py, PyList>,
+    selector: &Selector,
+    full: &Bound<'py, PySet>,
+    max_attributes: usize,
+    limits: Option<(i64, i64)>,
+    origin_of: &Bound<'py, PyAny>,
+    value_of: &Bound<'py, PyAny>,
+    whole: &Bound<'py, PyAny>,
+    make: &Bound<'py, PyAny>,
+) -> PyResult<Option<Bound<'py, PyList>>> {
+    let limits = limits.map(|(most_bytes, max_json_depth)| Limits { most_bytes, max_json_depth });
+    let mut payloads: Vec<Bound<'py, PyBytes>> = Vec::with_capacity(records.len());
+    let mut origins: Vec<Bound<'py, PyAny>> = Vec::with_capacity(records.len());
+    for record in records.iter() {
+        let record = record.downcast_into::<PyTuple>()?;
+        if record.len() != 5 {
+            return Err(PyValueError::new_err("a span record is a 5-tuple"));
+        }
+        payloads.push(record.get_item(3)?.downcast_into::<PyBytes>()?);
+        origins.push(record.get_item(4)?);
+    }
+    // parse everything first: bytes not handled here leave the work to Python before any callback
+    let mut spans = Vec::with_capacity(payloads.len());
+    for payload in &payloads {
+        match lean::parse(payload.as_bytes()) {
+            Ok(span) => spans.push(span),
+            Err(_) => return Ok(None),
+        }
+    }
+    let mut forced: Vec<bool> = vec![false; spans.len()];
+    for item in full.iter() {
+        if let Ok(i) = item.extract::<usize>() {
+            if i < forced.len() {
+                forced[i] = true;
+            }
+        }
+    }
+    if let Some(limits) = limits {
+        for (i, payload) in payloads.iter().enumerate() {
+            let bytes = payload.as_bytes();
+            if bytes.len() as i64 > limits.most_bytes || brackets(bytes) > limits.max_json_depth {
+                forced[i] = true;
+                full.add(i)?;
+            }
+        }
+    }
+    match build(py, &spans, &payloads, &origins, selector, full, &mut forced, max_attributes, origin_of, value_of, whole, make) {
+        Ok(out) => Ok(Some(out)),
+        Err(_) => Ok(None), // a callback raised: the Python path raises it in its own order
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build<'py>(
+    py: Python<'py>,
+    spans: &[lean::LeanSpan<'_>],
+    payloads: &[Bound<'py, PyBytes>],
+    origins: &[Bound<'py, PyAny>],
+    selector: &Selector,
+    full: &Bound<'py, PySet>,
+    forced: &mut [bool],
+    max_attributes: usize,
+    origin_of: &Bound<'py, PyAny>,
+    value_of: &Bound<'py, PyAny>,
+    whole: &Bound<'py, PyAny>,
+    make: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyList>> {
+    let out = PyList::empty(py);
+    let mut origin: Option<&Bound<'py, PyAny>> = None;
+    let mut resource_attributes = py.None().into_bound(py);
+    let mut scope_name = py.None().into_bound(py);
+    let mut picked: Vec<(&str, &[u8])> = Vec::new();
+    for (index, span) in spans.iter().enumerate() {
+        let this = &origins[index];
+        if !origin.is_some_and(|o| o.is(this)) {
+            let pair = origin_of.call1((this,))?;
+            resource_attributes = pair.get_item(0)?;
+            scope_name = pair.get_item(1)?;
+            origin = Some(this);
+        }
+        let many = span.attributes.len() > max_attributes && lean::distinct_keys(&span.attributes) > max_attributes;
+        let attributes = if forced[index] || many {
+            forced[index] = true;
+            full.add(index)?;
+            whole.call1((&payloads[index],))?
+        } else {
+            picked.clear();
+            for &(key, value) in &span.attributes {
+                if selector.wants(key) {
+                    match picked.iter_mut().find(|(k, _)| *k == key) {
+                        Some(slot) => slot.1 = value, // the last value, at the first position
+                        None => picked.push((key, value)),
+                    }
+                }
+            }
+            let dict = PyDict::new(py);
+            for &(key, value) in &picked {
+                let converted = if lean::is_empty(value) {
+                    py.None().into_bound(py)
+                } else {
+                    match lean::simple(value) {
+                        Some(simple) => simple_value(py, simple)?,
+                        None => value_of.call1((PyBytes::new(py, value),))?,
+                    }
+                };
+                dict.set_item(selector.key(py, key), converted)?;
+            }
+            dict.into_any()
+        };
+        let kind = usize::try_from(span.kind).ok().and_then(|k| SPAN_KINDS.get(k)).unwrap_or(&SPAN_KINDS[0]);
+        let code = usize::try_from(span.status_code).ok().and_then(|c| STATUS_CODES.get(c)).unwrap_or(&STATUS_CODES[0]);
+        let fields = PyDict::new(py);
+        fields.set_item(intern!(py, "trace_id"), hex(py, span.trace_id))?;
+        fields.set_item(intern!(py, "span_id"), hex(py, span.span_id))?;
+        if span.parent_span_id.is_empty() {
+            fields.set_item(intern!(py, "parent_span_id"), py.None())?;
+        } else {
+            fields.set_item(intern!(py, "parent_span_id"), hex(py, span.parent_span_id))?;
+        }
+        fields.set_item(intern!(py, "name"), span.name)?;
+        fields.set_item(intern!(py, "kind"), PyString::intern(py, kind))?;
+        set_time(py, &fields, intern!(py, "start_time_unix_nano"), span.start_time)?;
+        set_time(py, &fields, intern!(py, "end_time_unix_nano"), span.end_time)?;
+        fields.set_item(intern!(py, "status_code"), PyString::intern(py, code))?;
+        fields.set_item(intern!(py, "status_message"), span.status_message)?;
+        fields.set_item(intern!(py, "attributes"), attributes)?;
+        fields.set_item(intern!(py, "resource_attributes"), &resource_attributes)?;
+        fields.set_item(intern!(py, "scope_name"), &scope_name)?;
+        fields.set_item(intern!(py, "seq"), index)?;
+        out.append(make.call1((fields,))?)?;
+    }
+    Ok(out)
+}
+
+fn set_time<'py>(py: Python<'py>, fields: &Bound<'py, PyDict>, key: &Bound<'py, PyString>, nanos: u64) -> PyResult<()> {
+    if nanos == 0 {
+        fields.set_item(key, py.None())
+    } else {
+        fields.set_item(key, nanos)
+    }
+}
+
+#[pymodule]
+fn _spancore(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(index_request, m)?)?;
+    m.add_function(wrap_pyfunction!(read_spans, m)?)?;
+    m.add_class::<Selector>()?;
+    m.add("ABI_VERSION", 1)?;
+    Ok(())
+}
