@@ -3,10 +3,14 @@
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
+# The native span core (native/, Rust) is built by pip install through setuptools-rust; cargo's
+# target dir is kept in the project-owned, gitignored .cache/ so a rebuild is incremental.
+export CARGO_TARGET_DIR ?= $(CURDIR)/.cache/cargo-target
+NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 
-.PHONY: setup system-deps serve test lint bench
+.PHONY: setup system-deps rust serve test lint bench
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml $(NATIVE_SOURCES) | rust
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
@@ -19,6 +23,12 @@ system-deps:
 	@command -v amtool >/dev/null 2>&1 || { \
 		echo "installing amtool (Debian package prometheus-alertmanager)"; \
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus-alertmanager; }
+
+# cargo/rustc: from Debian when the machine has none (the polyglot machines ship a newer rustup one).
+rust:
+	@command -v cargo >/dev/null 2>&1 || { \
+		echo "installing cargo + rustc (Debian packages)"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends cargo rustc; }
 
 setup: $(BIN)/.installed
 

@@ -32,7 +32,7 @@ pub fn parse(data: &[u8]) -> Result<LeanSpan<'_>, WireError> {
             (6, Value::Varint(v)) => span.kind = v as i32, // int32 keeps the low 32 bits
             (7, Value::Fixed64(v)) => span.start_time = v,
             (8, Value::Fixed64(v)) => span.end_time = v,
-            (9, Value::Len(s, e)) => span.attributes.push(entry(&fields.nested(s, e))?),
+            (9, Value::Len(s, e)) => span.attributes.extend(entry(&fields.nested(s, e))?),
             (15, Value::Len(s, e)) => status(&fields.nested(s, e), &mut span)?,
             _ => {}
         }
@@ -40,17 +40,20 @@ pub fn parse(data: &[u8]) -> Result<LeanSpan<'_>, WireError> {
     Ok(span)
 }
 
-fn entry<'a>(fields: &Fields<'a>) -> Result<(&'a str, &'a [u8]), WireError> {
+/// A map entry; None when it holds any other field: upb then keeps the whole entry among the
+/// span's unknown fields instead of in the map (found by tests/native/fuzz_native.py).
+fn entry<'a>(fields: &Fields<'a>) -> Result<Option<(&'a str, &'a [u8])>, WireError> {
     let mut scan = fields.nested_all();
     let (mut key, mut value): (&str, &[u8]) = ("", b"");
+    let mut known = true;
     while let Some((number, field)) = scan.next_field()? {
         match (number, field) {
             (1, Value::Len(s, e)) => key = utf8(fields.bytes(s, e))?,
             (2, Value::Len(s, e)) => value = fields.bytes(s, e),
-            _ => {}
+            _ => known = false,
         }
     }
-    Ok((key, value))
+    Ok(known.then_some((key, value)))
 }
 
 fn status<'a>(fields: &Fields<'a>, span: &mut LeanSpan<'a>) -> Result<(), WireError> {
