@@ -78,3 +78,10 @@ def test_required_but_missing_is_a_start_up_error() -> None:
     done = _run(BLOCK_IMPORT + DECODE, STEPWATCH_NATIVE="1")
     assert done.returncode != 0
     assert "STEPWATCH_NATIVE=1 but the native span core cannot load" in done.stderr
+
+
+def test_the_switch_is_not_a_config_key() -> None:
+    """STEPWATCH_* variables are config overrides unless listed as not settings: serve must start."""
+    from stepwatch.config import load_config
+
+    load_config(None, environ={spancore.ENV: "0"})
