@@ -30,7 +30,7 @@ from . import spancore
 from .attributes import proto_attributes, proto_value
 from .framing import read_varint, varint_bytes
 from .origin import OriginCache
-from .otlp_proto import SPAN_KINDS, STATUS_CODES, new_span
+from .otlp_proto import SPAN_KINDS, SPAN_MODEL, STATUS_CODES, new_span
 
 _F = descriptor_pb2.FieldDescriptorProto
 
@@ -164,7 +164,16 @@ def decode_selected(
             return cache.resource_attributes(origin[0]), cache.scope_name(origin[1])
 
         spans = spancore.read_spans(
-            records, selection, full, max_attributes, limits, origin_of, any_value_bytes, _whole, new_span
+            records,
+            selection,
+            full,
+            max_attributes,
+            limits,
+            origin_of,
+            any_value_bytes,
+            _whole,
+            new_span,
+            SPAN_MODEL,
         )
         if spans is not None:
             return spans

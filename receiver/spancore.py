@@ -45,6 +45,14 @@ def _load(mode: str) -> tuple[ModuleType | None, str]:
             None,
             f"native span core ABI {found} is stale (need {ABI_VERSION}); rebuild with `pip install .`",
         )
+    from .otlp_proto import SPAN_FIELDS
+
+    if tuple(getattr(_spancore, "SPAN_FIELDS", ())) != SPAN_FIELDS:  # it builds Span field dicts
+        if mode in ("1", "on", "true"):
+            raise ImportError(
+                "native span core builds other Span fields than evaluator.model.Span: rebuild it"
+            )
+        return None, "native span core is stale (Span fields changed); rebuild with `pip install .`"
     return _spancore, "native span core loaded"
 
 
@@ -86,13 +94,15 @@ def read_spans(
     value_of: Callable[[bytes], Any],
     whole: Callable[[bytes], dict[str, Any]],
     make: Callable[[dict[str, Any]], Any],
+    model: tuple[type, set[str]] | None = None,
 ) -> list[Any] | None:
     """`make(fields)` of every record, as decode_selected builds them; None: use the Python path.
 
     `full` gains the indices decoded whole (by `whole`): those already in it, those with more than
     `max_attributes` attributes, and with `limits` = (most bytes, max JSON depth) those longer or
     holding more '[' / '{' bytes. `origin_of(origin)`: (resource attributes, scope name);
-    `value_of(encoded AnyValue)`: the values the native reader leaves to Python."""
+    `value_of(encoded AnyValue)`: the values the native reader leaves to Python. `model` = (class,
+    fields set): build each with evaluator.model.construct's steps natively instead of `make`."""
     if _core is None or max_attributes < 0:
         return None
     if limits is not None:  # Python's ints are unbounded, the native limits are i64
@@ -100,7 +110,7 @@ def read_spans(
     if type(records) is not list:
         records = list(records)
     spans = _core.read_spans(
-        records, _selector(selection), full, max_attributes, limits, origin_of, value_of, whole, make
+        records, _selector(selection), full, max_attributes, limits, origin_of, value_of, whole, make, model
     )
     if spans is None:
         FALLBACKS["read_spans"] += 1

@@ -76,7 +76,10 @@ fn scope_spans(fields: &Fields<'_>, resource: usize, out: &mut SpanIndex) -> Res
     while let Some((number, value)) = scan.next_field()? {
         match (number, value) {
             (1, Value::Len(start, end)) => scope.0.push((start, end)),
-            (2, Value::Len(start, end)) => out.spans.push(span(&fields.nested(start, end), origin, (start, end))?),
+            (2, Value::Len(start, end)) => {
+                out.spans
+                    .push(span(&fields.nested(start, end), origin, (start, end))?)
+            }
             _ => {}
         }
     }

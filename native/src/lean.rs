@@ -70,7 +70,8 @@ fn status<'a>(fields: &Fields<'a>, span: &mut LeanSpan<'a>) -> Result<(), WireEr
 
 /// How many distinct keys (what the map's len() counts).
 pub fn distinct_keys(attributes: &[(&str, &[u8])]) -> usize {
-    let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::with_capacity(attributes.len());
+    let mut seen: std::collections::HashSet<&str> =
+        std::collections::HashSet::with_capacity(attributes.len());
     attributes.iter().filter(|(key, _)| seen.insert(key)).count()
 }
 
@@ -118,7 +119,11 @@ pub fn simple(data: &[u8]) -> Option<Simple<'_>> {
             if end != data.len() {
                 return None;
             }
-            Some(if tag == 0x10 { Simple::Bool(value != 0) } else { Simple::Int(value as i64) })
+            Some(if tag == 0x10 {
+                Simple::Bool(value != 0)
+            } else {
+                Simple::Int(value as i64)
+            })
         }
         0x21 if data.len() == 9 => {
             let mut raw = [0u8; 8];
@@ -150,7 +155,10 @@ mod tests {
         assert_eq!(simple(b"\x18\xff\xff\xff\xff\xff\xff\xff\xff\xff\x02"), None);
         assert_eq!(simple(b"\x10\x00"), Some(Simple::Bool(false)));
         assert_eq!(simple(b"\x18"), None); // truncated: Python raises, so Python must run
-        assert_eq!(simple(b"\x21\x00\x00\x00\x00\x00\x00\xf0\x3f"), Some(Simple::Double(1.0)));
+        assert_eq!(
+            simple(b"\x21\x00\x00\x00\x00\x00\x00\xf0\x3f"),
+            Some(Simple::Double(1.0))
+        );
         assert_eq!(simple(b"\x0a\x01\xff"), None); // not UTF-8
     }
 

@@ -18,19 +18,48 @@ use index::Pieces;
 use lean::Simple;
 
 const ROOT_ENDED: u8 = 1;
-const SPAN_KINDS: [&str; 6] = ["UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER"];
+const SPAN_KINDS: [&str; 6] = [
+    "UNSPECIFIED",
+    "INTERNAL",
+    "SERVER",
+    "CLIENT",
+    "PRODUCER",
+    "CONSUMER",
+];
 const STATUS_CODES: [&str; 3] = ["UNSET", "OK", "ERROR"];
+/// The canonical Span's fields in declaration order (its `__dict__` order, as new_span builds it).
+const FIELDS: [&str; 13] = [
+    "trace_id",
+    "span_id",
+    "parent_span_id",
+    "name",
+    "kind",
+    "start_time_unix_nano",
+    "end_time_unix_nano",
+    "status_code",
+    "status_message",
+    "attributes",
+    "resource_attributes",
+    "scope_name",
+    "seq",
+];
 
 fn pieces<'py>(py: Python<'py>, data: &[u8], pieces: &Pieces) -> Bound<'py, PyBytes> {
     match pieces.0.as_slice() {
         [] => PyBytes::new(py, b""),
         [(start, end)] => PyBytes::new(py, &data[*start..*end]),
         many => {
-            let joined: Vec<u8> = many.iter().flat_map(|(s, e)| data[*s..*e].iter().copied()).collect();
+            let joined: Vec<u8> = many
+                .iter()
+                .flat_map(|(s, e)| data[*s..*e].iter().copied())
+                .collect();
             PyBytes::new(py, &joined)
         }
     }
 }
+
+/// (records, invalid spans, total spans) of one request.
+type Indexed<'py> = (Bound<'py, PyList>, Bound<'py, PyList>, usize);
 
 /// The ingest index of one encoded ExportTraceServiceRequest, as `split_request` builds it:
 /// (records of the valid spans, (trace_id, span_id, parent, name) of the invalid ones, total),
@@ -38,10 +67,7 @@ fn pieces<'py>(py: Python<'py>, data: &[u8], pieces: &Pieces) -> Bound<'py, PyBy
 /// A record is (trace_id, span_id, flags, encoded span, origin); origin is one
 /// (resource bytes, scope bytes) tuple shared by the spans of a ScopeSpans.
 #[pyfunction]
-fn index_request<'py>(
-    py: Python<'py>,
-    data: &[u8],
-) -> PyResult<Option<(Bound<'py, PyList>, Bound<'py, PyList>, usize)>> {
+fn index_request<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Option<Indexed<'py>>> {
     let Ok(found) = index::index(data) else {
         return Ok(None);
     };
@@ -52,7 +78,15 @@ fn index_request<'py>(
         };
         let ids = [span.trace_id, span.span_id, span.parent].map(|(s, e)| PyBytes::new(py, &data[s..e]));
         let [trace, id, parent] = ids;
-        rejected.push(PyTuple::new(py, [trace.into_any(), id.into_any(), parent.into_any(), PyString::new(py, name).into_any()])?);
+        rejected.push(PyTuple::new(
+            py,
+            [
+                trace.into_any(),
+                id.into_any(),
+                parent.into_any(),
+                PyString::new(py, name).into_any(),
+            ],
+        )?);
     }
     let resources: Vec<Bound<'py, PyBytes>> = found.resources.iter().map(|r| pieces(py, data, r)).collect();
     let origins = found
@@ -62,7 +96,11 @@ fn index_request<'py>(
         .collect::<PyResult<Vec<_>>>()?;
     let records = PyList::empty(py);
     for span in found.spans.iter().filter(|s| index::is_valid(data, s)) {
-        let flags = if span.parent.1 == span.parent.0 && span.end_time != 0 { ROOT_ENDED } else { 0 };
+        let flags = if span.parent.1 == span.parent.0 && span.end_time != 0 {
+            ROOT_ENDED
+        } else {
+            0
+        };
         let record = PyTuple::new(
             py,
             [
@@ -131,6 +169,57 @@ fn simple_value<'py>(py: Python<'py>, value: Simple<'_>) -> PyResult<Bound<'py, 
     })
 }
 
+/// How a field dict becomes a Span: `make(fields)`, or with `model` = (class, fields set) what
+/// evaluator.model.construct does (object.__new__, then __dict__, __pydantic_fields_set__,
+/// __pydantic_extra__ = None, __pydantic_private__ = None), without two Python frames per span.
+struct Maker<'py> {
+    make: Bound<'py, PyAny>,
+    model: Option<(
+        Bound<'py, PyAny>,
+        Bound<'py, PyAny>,
+        Bound<'py, PyAny>,
+        Bound<'py, PyAny>,
+    )>,
+}
+
+impl<'py> Maker<'py> {
+    fn new(
+        py: Python<'py>,
+        make: &Bound<'py, PyAny>,
+        model: Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+    ) -> PyResult<Self> {
+        let model = match model {
+            None => None,
+            Some((cls, fields_set)) => {
+                let object = py.import("builtins")?.getattr("object")?;
+                Some((
+                    cls,
+                    fields_set,
+                    object.getattr("__new__")?,
+                    object.getattr("__setattr__")?,
+                ))
+            }
+        };
+        Ok(Maker {
+            make: make.clone(),
+            model,
+        })
+    }
+
+    fn make(&self, fields: Bound<'py, PyDict>) -> PyResult<Bound<'py, PyAny>> {
+        let Some((cls, fields_set, new, set)) = &self.model else {
+            return self.make.call1((fields,));
+        };
+        let py = fields.py();
+        let obj = new.call1((cls,))?;
+        set.call1((&obj, intern!(py, "__dict__"), fields))?;
+        set.call1((&obj, intern!(py, "__pydantic_fields_set__"), fields_set))?;
+        set.call1((&obj, intern!(py, "__pydantic_extra__"), py.None()))?;
+        set.call1((&obj, intern!(py, "__pydantic_private__"), py.None()))?;
+        Ok(obj)
+    }
+}
+
 /// Per-span limits that send a span to the whole decode (`decode_records_for_limits`).
 #[derive(Clone, Copy)]
 struct Limits {
@@ -150,7 +239,7 @@ fn brackets(payload: &[u8]) -> i64 {
 /// it. `origin_of(origin)` gives (resource attributes, scope name) per run of records sharing an
 /// origin; `value_of(encoded)` converts the AnyValues not read here (any_value_bytes).
 #[pyfunction]
-#[pyo3(signature = (records, selector, full, max_attributes, limits, origin_of, value_of, whole, make))]
+#[pyo3(signature = (records, selector, full, max_attributes, limits, origin_of, value_of, whole, make, model=None))]
 #[allow(clippy::too_many_arguments)]
 fn read_spans<'py>(
     py: Python<'py>,
@@ -163,8 +252,13 @@ fn read_spans<'py>(
     value_of: &Bound<'py, PyAny>,
     whole: &Bound<'py, PyAny>,
     make: &Bound<'py, PyAny>,
+    model: Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
 ) -> PyResult<Option<Bound<'py, PyList>>> {
-    let limits = limits.map(|(most_bytes, max_json_depth)| Limits { most_bytes, max_json_depth });
+    let maker = Maker::new(py, make, model)?;
+    let limits = limits.map(|(most_bytes, max_json_depth)| Limits {
+        most_bytes,
+        max_json_depth,
+    });
     let mut payloads: Vec<Bound<'py, PyBytes>> = Vec::with_capacity(records.len());
     let mut origins: Vec<Bound<'py, PyAny>> = Vec::with_capacity(records.len());
     for record in records.iter() {
@@ -200,7 +294,20 @@ fn read_spans<'py>(
             }
         }
     }
-    match build(py, &spans, &payloads, &origins, selector, full, &mut forced, max_attributes, origin_of, value_of, whole, make) {
+    match build(
+        py,
+        &spans,
+        &payloads,
+        &origins,
+        selector,
+        full,
+        &mut forced,
+        max_attributes,
+        origin_of,
+        value_of,
+        whole,
+        &maker,
+    ) {
         Ok(out) => Ok(Some(out)),
         Err(_) => Ok(None), // a callback raised: the Python path raises it in its own order
     }
@@ -219,9 +326,15 @@ fn build<'py>(
     origin_of: &Bound<'py, PyAny>,
     value_of: &Bound<'py, PyAny>,
     whole: &Bound<'py, PyAny>,
-    make: &Bound<'py, PyAny>,
+    maker: &Maker<'py>,
 ) -> PyResult<Bound<'py, PyList>> {
     let out = PyList::empty(py);
+    let kinds: Vec<Bound<'py, PyString>> = SPAN_KINDS.iter().map(|k| PyString::new(py, k)).collect();
+    let codes: Vec<Bound<'py, PyString>> = STATUS_CODES.iter().map(|c| PyString::new(py, c)).collect();
+    let template = PyDict::new(py);
+    for key in FIELDS {
+        template.set_item(PyString::intern(py, key), py.None())?;
+    }
     let mut origin: Option<&Bound<'py, PyAny>> = None;
     let mut resource_attributes = py.None().into_bound(py);
     let mut scope_name = py.None().into_bound(py);
@@ -234,7 +347,8 @@ fn build<'py>(
             scope_name = pair.get_item(1)?;
             origin = Some(this);
         }
-        let many = span.attributes.len() > max_attributes && lean::distinct_keys(&span.attributes) > max_attributes;
+        let many =
+            span.attributes.len() > max_attributes && lean::distinct_keys(&span.attributes) > max_attributes;
         let attributes = if forced[index] || many {
             forced[index] = true;
             full.add(index)?;
@@ -263,9 +377,15 @@ fn build<'py>(
             }
             dict.into_any()
         };
-        let kind = usize::try_from(span.kind).ok().and_then(|k| SPAN_KINDS.get(k)).unwrap_or(&SPAN_KINDS[0]);
-        let code = usize::try_from(span.status_code).ok().and_then(|c| STATUS_CODES.get(c)).unwrap_or(&STATUS_CODES[0]);
-        let fields = PyDict::new(py);
+        let kind = usize::try_from(span.kind)
+            .ok()
+            .filter(|&k| k < SPAN_KINDS.len())
+            .unwrap_or(0);
+        let code = usize::try_from(span.status_code)
+            .ok()
+            .filter(|&c| c < STATUS_CODES.len())
+            .unwrap_or(0);
+        let fields = template.copy()?; // presized: no resizing per span
         fields.set_item(intern!(py, "trace_id"), hex(py, span.trace_id))?;
         fields.set_item(intern!(py, "span_id"), hex(py, span.span_id))?;
         if span.parent_span_id.is_empty() {
@@ -274,21 +394,26 @@ fn build<'py>(
             fields.set_item(intern!(py, "parent_span_id"), hex(py, span.parent_span_id))?;
         }
         fields.set_item(intern!(py, "name"), span.name)?;
-        fields.set_item(intern!(py, "kind"), PyString::intern(py, kind))?;
+        fields.set_item(intern!(py, "kind"), &kinds[kind])?;
         set_time(py, &fields, intern!(py, "start_time_unix_nano"), span.start_time)?;
         set_time(py, &fields, intern!(py, "end_time_unix_nano"), span.end_time)?;
-        fields.set_item(intern!(py, "status_code"), PyString::intern(py, code))?;
+        fields.set_item(intern!(py, "status_code"), &codes[code])?;
         fields.set_item(intern!(py, "status_message"), span.status_message)?;
         fields.set_item(intern!(py, "attributes"), attributes)?;
         fields.set_item(intern!(py, "resource_attributes"), &resource_attributes)?;
         fields.set_item(intern!(py, "scope_name"), &scope_name)?;
         fields.set_item(intern!(py, "seq"), index)?;
-        out.append(make.call1((fields,))?)?;
+        out.append(maker.make(fields)?)?;
     }
     Ok(out)
 }
 
-fn set_time<'py>(py: Python<'py>, fields: &Bound<'py, PyDict>, key: &Bound<'py, PyString>, nanos: u64) -> PyResult<()> {
+fn set_time<'py>(
+    py: Python<'py>,
+    fields: &Bound<'py, PyDict>,
+    key: &Bound<'py, PyString>,
+    nanos: u64,
+) -> PyResult<()> {
     if nanos == 0 {
         fields.set_item(key, py.None())
     } else {
@@ -302,5 +427,6 @@ fn _spancore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_spans, m)?)?;
     m.add_class::<Selector>()?;
     m.add("ABI_VERSION", 1)?;
+    m.add("SPAN_FIELDS", FIELDS.to_vec())?;
     Ok(())
 }

@@ -29,18 +29,30 @@ pub struct Fields<'a> {
 
 impl<'a> Fields<'a> {
     pub fn new(data: &'a [u8]) -> Self {
-        Fields { data, pos: 0, end: data.len() }
+        Fields {
+            data,
+            pos: 0,
+            end: data.len(),
+        }
     }
 
     /// The fields of the length-delimited value at `start..end` of the same buffer.
     pub fn nested(&self, start: usize, end: usize) -> Fields<'a> {
         debug_assert!(start <= end && end <= self.data.len());
-        Fields { data: self.data, pos: start, end }
+        Fields {
+            data: self.data,
+            pos: start,
+            end,
+        }
     }
 
     /// The same message from its start again (a second pass over its fields).
     pub fn nested_all(&self) -> Fields<'a> {
-        Fields { data: self.data, pos: self.pos, end: self.end }
+        Fields {
+            data: self.data,
+            pos: self.pos,
+            end: self.end,
+        }
     }
 
     pub fn bytes(&self, start: usize, end: usize) -> &'a [u8] {
@@ -132,10 +144,17 @@ mod tests {
 
     #[test]
     fn reads_each_wire_type() {
-        let data = [0x08, 0x96, 0x01, 0x11, 1, 0, 0, 0, 0, 0, 0, 0, 0x1A, 2, b'h', b'i', 0x25, 2, 0, 0, 0];
+        let data = [
+            0x08, 0x96, 0x01, 0x11, 1, 0, 0, 0, 0, 0, 0, 0, 0x1A, 2, b'h', b'i', 0x25, 2, 0, 0, 0,
+        ];
         assert_eq!(
             all(&data).unwrap(),
-            vec![(1, Value::Varint(150)), (2, Value::Fixed64(1)), (3, Value::Len(14, 16)), (4, Value::Fixed32(2))]
+            vec![
+                (1, Value::Varint(150)),
+                (2, Value::Fixed64(1)),
+                (3, Value::Len(14, 16)),
+                (4, Value::Fixed32(2))
+            ]
         );
     }
 
@@ -147,8 +166,14 @@ mod tests {
         assert_eq!(all(&[0x00, 1]), Err(WireError::Malformed)); // field number 0
         assert_eq!(all(&[0x0E]), Err(WireError::Malformed)); // wire type 6
         assert_eq!(all(&[0x0B, 0x0C]), Err(WireError::Unsupported)); // a group
-        assert_eq!(all(&[0x08, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01]), Err(WireError::Malformed));
+        assert_eq!(
+            all(&[0x08, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01]),
+            Err(WireError::Malformed)
+        );
         // a length near u64::MAX must not overflow
-        assert_eq!(all(&[0x0A, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01]), Err(WireError::Malformed));
+        assert_eq!(
+            all(&[0x0A, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01]),
+            Err(WireError::Malformed)
+        );
     }
 }
