@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_e2e import DEFAULT_LOADGEN, ROOTLESS_AS_IDLE, Bench
+from bench_e2e import DEFAULT_LOADGEN, ROOTLESS_AS_IDLE, Bench, metric_sum, scrape
 
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("wal", ("receiver/wal", "wal.py", "wal_format.py")),
@@ -78,12 +78,14 @@ def main() -> None:
     bench = Bench(bench_args)
     bench.write_expectations()
     raw = Path(args.raw) if args.raw else Path(tempfile.mkdtemp()) / "raw.txt"
-    proc, grpc_port, _ = bench.start_serve(ROOTLESS_AS_IDLE)
+    proc, grpc_port, metrics_port = bench.start_serve(ROOTLESS_AS_IDLE)
     try:
         argv = [sys.executable, str(bench.loadgen_dir / "otlp_loadgen.py"), "--target", f"127.0.0.1:{grpc_port}",
-                "--concurrency", "4", "--duration", str(args.seconds + 6)]  # fmt: skip
+                "--concurrency", "4", "--duration", str(args.seconds)]  # fmt: skip
         load = subprocess.Popen(["taskset", "-c", str(args.client_core), *argv], stdout=subprocess.DEVNULL)
-        time.sleep(4.0)  # the loadgen encodes its pool first
+        # the loadgen encodes its pool first: sample from the first span taken
+        while load.poll() is None and metric_sum(scrape(metrics_port), "stepwatch_spans_received_total") == 0:
+            time.sleep(0.05)
         subprocess.run(
             [spy, "record", "--pid", str(proc.pid), "--duration", str(int(args.seconds)), "--rate", "250",
              "--format", "raw", "--output", str(raw)],
