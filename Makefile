@@ -42,6 +42,7 @@ lint: setup
 test: setup system-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	MYPY=$(abspath $(BIN))/mypy .ci/typecheck
 	$(BIN)/pytest -q
 
 # Benchmarks are run on demand, never in CI; each prints medians and compares with its floor.

@@ -9,10 +9,9 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from stepwatch.receiver import spancore
+from shared_paths import LOADGEN_DIR as LOADGEN
 
-LOADGEN = Path("/work/shared/tools/loadgen")
-CORPUS = Path("/work/shared/corpus")
+from stepwatch.receiver import spancore
 
 
 @contextlib.contextmanager
