@@ -15,7 +15,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
 HERE = Path(__file__).with_name("fuzz_corpus")
-CORPUS = Path("/work/shared/corpus")
+CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus"  # the clone sits beside shared/
 
 
 def _len(field: int, body: bytes) -> bytes:
