@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-from native_rig import CORPUS
+from shared_paths import CORPUS
 
 from stepwatch.receiver import spancore
 

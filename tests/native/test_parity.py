@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from native_rig import CORPUS, LOADGEN, loadgen_traffic, python_path
+from native_rig import loadgen_traffic, python_path
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from shared_paths import CORPUS, LOADGEN_DIR
 
 from stepwatch.config import load_config
 from stepwatch.evaluator.clock import ManualClock
@@ -124,7 +125,7 @@ def _run_service(requests: list[bytes], expectations: Path) -> tuple[list[Any], 
     return sorted(events, key=lambda e: (e["partition_type"], e["partition_id"])), service.accounting
 
 
-@pytest.mark.skipif(not (LOADGEN / "otlp_loadgen.py").exists(), reason="loadgen not present")
+@pytest.mark.skipif(not (LOADGEN_DIR / "otlp_loadgen.py").exists(), reason="loadgen not present")
 def test_two_thousand_loadgen_partitions_score_identically(tmp_path: Path) -> None:
     requests, expectations = loadgen_traffic(tmp_path, 2000)
     for data in requests[:8]:
