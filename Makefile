@@ -4,11 +4,15 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 DEBS := $(VENV)/debs
+# The native span core (native/, Rust) is built by pip install through setuptools-rust; cargo's
+# target dir is kept in the project-owned, gitignored .cache/ so a rebuild is incremental.
+export CARGO_TARGET_DIR ?= $(CURDIR)/.cache/cargo-target
+NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 
-.PHONY: setup runtime system-deps serve test lint bench
+.PHONY: setup runtime system-deps rust serve test lint bench
 
-# Runtime dependencies only: what `stepwatch serve` imports.
-$(BIN)/.runtime: pyproject.toml
+# Runtime dependencies only: what `stepwatch serve` imports (and the native core it builds).
+$(BIN)/.runtime: pyproject.toml $(NATIVE_SOURCES) | rust
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e .
@@ -20,6 +24,13 @@ $(BIN)/.installed: $(BIN)/.runtime
 	touch $@
 
 runtime: $(BIN)/.runtime
+
+# cargo/rustc: from Debian when the machine has none (the polyglot machines ship a newer rustup one).
+rust:
+	@command -v cargo >/dev/null 2>&1 || { \
+		echo "installing cargo + rustc (Debian packages)"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends cargo rustc; }
+
 setup: $(BIN)/.installed
 
 # prometheus, promtool and amtool from Debian's packages, downloaded with `apt-get download` and

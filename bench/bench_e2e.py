@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -210,10 +211,12 @@ class Bench:
             time.sleep(0.1)
         raise SystemExit("stepwatch did not finish scoring in time")
 
-    def serve_throughput(self) -> dict[str, object]:
+    def serve_throughput(
+        self, env: dict[str, str] | None = None, label: str = "stepwatch"
+    ) -> dict[str, object]:
         # --duration stops the loadgen mid-stream: a trace cut there never gets its root span and
         # would close only after rootless_trace_idle_timeout (30 s), which is waiting, not scoring
-        proc, grpc_port, metrics_port = self.start_serve(ROOTLESS_AS_IDLE)
+        proc, grpc_port, metrics_port = self.start_serve({**ROOTLESS_AS_IDLE, **(env or {})})
         try:
             started = time.monotonic()
             client, window = self.loadgen_with_window(f"127.0.0.1:{grpc_port}", metrics_port)
@@ -223,7 +226,7 @@ class Bench:
             self.stop_serve(proc)
         scored = metric_sum(samples, "stepwatch_spans_scored_total")
         return {
-            "bench": "stepwatch",
+            "bench": label,
             "accepted_spans_per_s": client["spans_per_s"],
             # whole run: from the first request to the last score (includes the final idle timeout)
             "scored_spans_per_s": round(scored / (last_score - load_start), 1),
@@ -371,13 +374,30 @@ def main() -> None:
     parser.add_argument(
         "--latency-seconds", type=float, default=20.0, help="seconds of paced load per latency run"
     )
+    parser.add_argument(
+        "--compare-python",
+        action="store_true",
+        help="each round also runs serve with STEPWATCH_NATIVE=0 (the pure-Python path), for before/after",
+    )
     args = parser.parse_args()
     bench = Bench(args)
     bench.write_expectations()
     rounds: dict[str, list[dict[str, object]]] = {"sink_count": [], "sink_walk": [], "stepwatch": []}
+    measures: list[tuple[str, Callable[[], dict[str, object]]]] = [
+        ("sink_count", lambda: bench.sink("count")),
+        ("sink_walk", lambda: bench.sink("walk")),
+        ("stepwatch", bench.serve_throughput),
+    ]
+    if args.compare_python:
+        rounds["stepwatch_python"] = []
+        measures.append(
+            (
+                "stepwatch_python",
+                lambda: bench.serve_throughput({"STEPWATCH_NATIVE": "0"}, "stepwatch_python"),
+            )
+        )
     for run in range(args.runs):
-        for key, measure in (("sink_count", lambda: bench.sink("count")), ("sink_walk", lambda: bench.sink("walk")),
-                             ("stepwatch", bench.serve_throughput)):  # fmt: skip
+        for key, measure in measures:
             result = {**measure(), "run": run}
             rounds[key].append(result)
             print(json.dumps(result), flush=True)
@@ -419,6 +439,12 @@ def main() -> None:
         "bytes_per_buffered_span": memory["bytes_per_buffered_span"],
         "overhead_bytes_per_span": memory["overhead_bytes_per_span"],
     }
+    if args.compare_python:
+        python_steady = median("stepwatch_python", "steady_scored_spans_per_s")
+        summary["python_steady_scored_spans_per_s"] = python_steady
+        summary["python_steady_scored_vs_walk"] = round(python_steady / walk, 3)
+        summary["python_scored_vs_walk"] = round(median("stepwatch_python", "scored_spans_per_s") / walk, 3)
+        summary["python_latency_under_load_p99_s"] = median("stepwatch_python", "latency_p99_s")
     print(json.dumps(summary), flush=True)
     shutil.rmtree(bench.tmp, ignore_errors=True)
 

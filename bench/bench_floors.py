@@ -10,7 +10,14 @@ In one process, on the loadgen's traffic (CPU time per span, median of --rounds)
                  (receiver/otlp_selective.py), then ids, name, kind, times, status and only the
                  scoring attributes (`scoring_attributes`, no step I/O) into Python values: no
                  canonical Span, no steps, no scores;
-  select_ids   - the same without any attribute: ids, name, kind, times and status only.
+  select_ids   - the same without any attribute: ids, name, kind, times and status only;
+  native_read  - the native span core's close-time reader (receiver/spancore.py, native/) on the
+                 same records, one call per request: the same fields and only the scoring
+                 attributes as Python values (one dict per span, no canonical Span);
+  native_spans - the same, building the canonical Spans the scorers get (what `serve` runs);
+  index_native / index_python - ingest's index of each request (split_request's records and
+                 rejections) by the native core, and by the pure-Python loop over the parsed request
+                 (the parse itself is `parse`).
 `select` / `walk` is what any design that reads spans through upb in Python starts from, before it
 buffers, partitions, finds steps, scores or exports anything (bench_pipeline.py measures those).
 
@@ -33,8 +40,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from stepwatch.config import load_config
 from stepwatch.evaluator.pipeline import scoring_attributes
+from stepwatch.receiver import spancore
 from stepwatch.receiver.framing import span_extents, varint_bytes
-from stepwatch.receiver.otlp_selective import LeanSpans, selected
+from stepwatch.receiver.ingest import split_request
+from stepwatch.receiver.otlp_proto import new_span
+from stepwatch.receiver.otlp_selective import LeanSpans, _whole, any_value_bytes, selected
 
 
 def lean_spans(requests: list[bytes]) -> list[object]:
@@ -95,6 +105,36 @@ def main() -> None:
         "select": lambda: read(True),
         "select_ids": lambda: read(False),
     }
+    if spancore.AVAILABLE:
+        parsed = [parse(r) for r in requests]
+        records = [split_request(p, r)[0] for p, r in zip(parsed, requests, strict=True)]
+        origins: dict[object, tuple[dict[str, object], str]] = {}
+
+        def origin_of(origin: object) -> tuple[dict[str, object], str]:
+            return origins.setdefault(origin, ({}, ""))
+
+        def native(make: Callable[[dict[str, object]], object]) -> None:
+            n = 0
+            for batch in records:
+                out = spancore.read_spans(
+                    batch, selection, set(), 1 << 30, None, origin_of, any_value_bytes, _whole, make
+                )
+                assert out is not None
+                n += len(out)
+            assert n == spans
+
+        def index_python() -> None:
+            core, spancore._core = spancore._core, None
+            try:
+                for p, r in zip(parsed, requests, strict=True):
+                    split_request(p, r)
+            finally:
+                spancore._core = core
+
+        floors["native_read"] = lambda: native(dict)
+        floors["native_spans"] = lambda: native(new_span)
+        floors["index_native"] = lambda: [spancore.index_request(r) for r in requests]
+        floors["index_python"] = index_python
     us: dict[str, list[float]] = {name: [] for name in floors}
     for _ in range(args.rounds):
         for name, fn in floors.items():
@@ -110,6 +150,15 @@ def main() -> None:
                 "us_per_span": median,
                 "select_over_walk": round(median["select"] / median["walk"], 2),
                 "select_ids_over_walk": round(median["select_ids"] / median["walk"], 2),
+                **(
+                    {
+                        "native_read_over_walk": round(median["native_read"] / median["walk"], 3),
+                        "native_spans_over_walk": round(median["native_spans"] / median["walk"], 3),
+                        "native_read_over_select": round(median["native_read"] / median["select"], 3),
+                    }
+                    if spancore.AVAILABLE
+                    else {"native": spancore.STATUS}
+                ),
             }
         )
     )

@@ -22,6 +22,7 @@ from stepwatch.evaluator.accounting import SpanAccounting
 from stepwatch.evaluator.buffer import ROOT_ENDED, Admission, SpanRecord
 from stepwatch.security.config import DEFAULT_TENANT_NAME
 
+from . import spancore
 from .framing import span_extents
 from .otlp_proto import span_rejection
 from .records import records_request_bytes
@@ -88,12 +89,19 @@ def split_request(
     """(valid span records, rejections by reason, first detail per reason, total spans).
 
     `encoded`: the bytes `request` was parsed from, unmodified; each span's payload is then sliced
-    from them (receiver/framing.py) instead of re-serialized.
+    from them (receiver/framing.py) instead of re-serialized, and the native span core, when loaded,
+    reads everything from them in one call (receiver/spancore.py; this loop is its reference).
     """
-    records: list[SpanRecord] = []
-    append = records.append
     rejected: Counter[str] = Counter()
     details: dict[str, str] = {}
+    indexed = spancore.index_request(encoded) if encoded is not None else None
+    if indexed is not None:  # the same, read from the bytes in one native call
+        records, invalid, total = indexed
+        for trace_id, span_id, parent, name in invalid:
+            _reject(rejected, details, trace_id, span_id, parent, name)
+        return records, rejected, details, total
+    records: list[SpanRecord] = []
+    append = records.append
     total = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
     extents = span_extents(encoded) if encoded is not None else None
     if extents is not None and len(extents) != total:  # cannot happen for bytes upb parsed; be safe
@@ -126,13 +134,19 @@ def split_request(
                     index += 1
                     continue
                 index += 1
-                problem = span_rejection(trace_id, span_id, parent, span.name)
-                reason, detail = problem if problem is not None else ("invalid_span", "invalid span")
-                rejected[reason] += 1
-                if reason not in details:
-                    who = f"span {span.name!r}" if span.name else "unnamed span"
-                    details[reason] = f"{who}: {detail}"
+                _reject(rejected, details, trace_id, span_id, parent, span.name)
     return records, rejected, details, total
+
+
+def _reject(
+    rejected: Counter[str], details: dict[str, str], trace_id: bytes, span_id: bytes, parent: bytes, name: str
+) -> None:
+    problem = span_rejection(trace_id, span_id, parent, name)
+    reason, detail = problem if problem is not None else ("invalid_span", "invalid span")
+    rejected[reason] += 1
+    if reason not in details:
+        who = f"span {name!r}" if name else "unnamed span"
+        details[reason] = f"{who}: {detail}"
 
 
 def trim_request(request: ExportTraceServiceRequest, max_spans: int) -> int:

@@ -33,10 +33,15 @@ _ZERO_TRACE_ID = bytes(16)
 _ZERO_SPAN_ID = bytes(8)
 
 
-_SPAN_FIELDS = tuple(Span.model_fields)
-_ALL_FIELDS_SET = set(_SPAN_FIELDS)
+SPAN_FIELDS = tuple(Span.model_fields)
+"""In declaration order; the native span core builds the same dicts (receiver/spancore.py checks)."""
+_ALL_FIELDS_SET = set(SPAN_FIELDS)
 """Shared by every Span built here (one set per span was a sixth of what the GC tracks per
 partition); pydantic copies it before any update (model_copy), and nothing else mutates it."""
+
+
+SPAN_MODEL = (Span, _ALL_FIELDS_SET)
+"""What the native span core needs to build Spans as `new_span` does (receiver/spancore.py)."""
 
 
 def new_span(fields: dict[str, Any]) -> Span:

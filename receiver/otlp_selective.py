@@ -26,10 +26,11 @@ from stepwatch.evaluator.buffer import SpanRecord
 from stepwatch.evaluator.model import Span
 from stepwatch.evaluator.pipeline import AttributeSelection
 
+from . import spancore
 from .attributes import proto_attributes, proto_value
 from .framing import read_varint, varint_bytes
 from .origin import OriginCache
-from .otlp_proto import SPAN_KINDS, STATUS_CODES, new_span
+from .otlp_proto import SPAN_KINDS, SPAN_MODEL, STATUS_CODES, new_span
 
 _F = descriptor_pb2.FieldDescriptorProto
 
@@ -142,16 +143,68 @@ def decode_selected(
     full: set[int],
     max_attributes: int,
     origins: OriginCache | None = None,
+    limits: tuple[int, int] | None = None,
 ) -> list[Span]:
     """Canonical Spans of buffered records (`seq` = buffer order) with the selected attributes only.
 
     Spans whose index is in `full`, or with more than `max_attributes` attributes, are decoded whole
     (in wire order, as the full decoder does) and their index added to `full`, so the caller can
-    apply the per-span limits to exactly what a full decode gives. `origins`: the service's cache
-    of decoded resources and scopes (a fresh one per call when None).
+    apply the per-span limits to exactly what a full decode gives; with `limits` = (most bytes, max
+    '[' / '{' bytes), so are the spans whose encoded size or bracket count is over them.
+    `origins`: the service's cache of decoded resources and scopes (a fresh one per call when None).
+    The native span core does this in one call when it is loaded; this module's code is the
+    reference it is held to (tests/native) and the fallback.
     """
     if origins is None:
         origins = OriginCache()
+    if spancore.AVAILABLE:
+        cache = origins
+
+        def origin_of(origin: Any) -> tuple[dict[str, Any], str]:
+            return cache.resource_attributes(origin[0]), cache.scope_name(origin[1])
+
+        spans = spancore.read_spans(
+            records,
+            selection,
+            full,
+            max_attributes,
+            limits,
+            origin_of,
+            any_value_bytes,
+            _whole,
+            new_span,
+            SPAN_MODEL,
+        )
+        if spans is not None:
+            return spans
+    return decode_selected_python(records, selection, full, max_attributes, origins, limits)
+
+
+def _whole(payload: bytes) -> dict[str, Any]:
+    return proto_attributes(ProtoSpan.FromString(payload).attributes)
+
+
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[{")
+"""Deleting every other byte leaves a payload's '[' and '{': one pass instead of two counts."""
+
+
+def decode_selected_python(
+    records: Sequence[SpanRecord],
+    selection: AttributeSelection,
+    full: set[int],
+    max_attributes: int,
+    origins: OriginCache,
+    limits: tuple[int, int] | None = None,
+) -> list[Span]:
+    """`decode_selected` in Python (upb), without the native span core."""
+    if limits is not None:
+        most_bytes, max_json_depth = limits
+        full.update(
+            i
+            for i, record in enumerate(records)
+            if len(payload := record[3]) > most_bytes
+            or len(payload.translate(None, _NOT_BRACKETS)) > max_json_depth
+        )
     keys, prefixes = selection.keys, selection.prefixes
     parts: list[bytes] = []
     add = parts.append

@@ -21,9 +21,6 @@ from .origin import OriginCache
 from .otlp_proto import decode_request_bytes
 from .otlp_selective import decode_selected
 
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[{")
-"""Deleting every other byte leaves a payload's '[' and '{': one pass instead of two counts."""
-
 
 def records_request_bytes(records: Sequence[SpanRecord]) -> bytes:
     """The records as an encoded ExportTraceServiceRequest, in their order.
@@ -79,10 +76,6 @@ def decode_records_for_limits(
     applying the limits to the whole-decoded spans alone gives today's outcomes and counts.
     """
     most_bytes = (max_value_length - 4) * 3 // 4
-    full = {
-        i
-        for i, record in enumerate(records)
-        if len(payload := record[3]) > most_bytes
-        or len(payload.translate(None, _NOT_BRACKETS)) > max_json_depth
-    }
-    return decode_selected(records, selection, full, max_attributes, origins), full
+    full: set[int] = set()
+    spans = decode_selected(records, selection, full, max_attributes, origins, (most_bytes, max_json_depth))
+    return spans, full

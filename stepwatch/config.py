@@ -38,9 +38,12 @@ from stepwatch.security.config import SecurityConfig
 ENV_PREFIX = "STEPWATCH_"
 ENV_CONFIG_FILE = "STEPWATCH_CONFIG"
 """Environment variable naming the config file (the `--config` flag wins)."""
-ENV_NOT_SETTINGS = frozenset({ENV_CONFIG_FILE, "STEPWATCH_AUTH_TOKENS", "STEPWATCH_METRICS_TOKENS"})
-"""STEPWATCH_* variables that are not config keys: the config file name and the token sources
-(read by the authenticators, never parsed into the config, so tokens cannot leak via check-config)."""
+ENV_NOT_SETTINGS = frozenset(
+    {ENV_CONFIG_FILE, "STEPWATCH_AUTH_TOKENS", "STEPWATCH_METRICS_TOKENS", "STEPWATCH_NATIVE"}
+)
+"""STEPWATCH_* variables that are not config keys: the config file name, the token sources
+(read by the authenticators, never parsed into the config, so tokens cannot leak via check-config)
+and the native span core switch (receiver/spancore.py, read at import)."""
 
 K8S_SERVICE_LINK = re.compile(
     r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*_(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?"

@@ -52,6 +52,7 @@ from stepwatch.exporters.events import root_span_id
 from stepwatch.exporters.judge_metrics import JudgeCollector
 from stepwatch.exporters.prometheus import BufferGauges, MetricsServer, PrometheusExporter
 from stepwatch.exporters.score_streams import ROOT_SPAN_ATTRIBUTE, build_score_streams
+from stepwatch.receiver import spancore
 from stepwatch.receiver.decision_log import Decision, DecisionLog
 from stepwatch.receiver.grpc_server import OtlpGrpcReceiver
 from stepwatch.receiver.http_server import BadRequest, OtlpHttpReceiver, request_from_json
@@ -315,6 +316,7 @@ class Service:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        log.log(logging.INFO if spancore.AVAILABLE else logging.WARNING, "span decoding: %s", spancore.STATUS)
         await self.fanout.start()
         if self.metrics_server is not None:
             await self.metrics_server.start()

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import shutil
 import sys
 import zipfile
 from pathlib import Path
 
+import pytest
 from deploy_support import DEPLOY, REPO, run
 
 DOCKERFILE = DEPLOY / "Dockerfile"
@@ -112,13 +114,21 @@ def test_every_copied_file_exists_and_is_in_the_build_context() -> None:
         assert not _in_context(excluded), excluded
 
 
-def test_builder_stage_wheel_holds_every_module_and_the_cli(tmp_path: Path) -> None:
-    """Reproduce `pip wheel --no-deps .` on the files the context admits, as the builder stage does."""
+def test_builder_stage_wheel_holds_every_module_and_the_cli(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reproduce `pip wheel --no-deps .` on the files the context admits, as the builder stage does
+    (CI's wheel build: the native span core included)."""
+    # cargo's incremental cache, as `make` sets it, so this is not a from-scratch Rust build
+    monkeypatch.setenv(
+        "CARGO_TARGET_DIR", os.environ.get("CARGO_TARGET_DIR", str(REPO / ".cache" / "cargo-target"))
+    )
     context = tmp_path / "context"
-    for top in ("pyproject.toml", "README.md", *PACKAGE_DIRS):
+    for top in ("pyproject.toml", "README.md", *PACKAGE_DIRS, "native"):
         source = REPO / top
         if source.is_dir():
-            shutil.copytree(source, context / top, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "target")
+            shutil.copytree(source, context / top, ignore=ignore)
         else:
             context.mkdir(exist_ok=True)
             shutil.copy(source, context / top)
@@ -133,7 +143,7 @@ def test_builder_stage_wheel_holds_every_module_and_the_cli(tmp_path: Path) -> N
             str(tmp_path / "wheels"),
             str(context),
         ],
-        timeout=600,
+        timeout=900,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     (wheel,) = (tmp_path / "wheels").glob("stepwatch-*.whl")
@@ -141,6 +151,8 @@ def test_builder_stage_wheel_holds_every_module_and_the_cli(tmp_path: Path) -> N
         names = set(archive.namelist())
         entry_points = next(archive.read(n).decode() for n in names if n.endswith("entry_points.txt"))
     assert "stepwatch = stepwatch.cli:main" in entry_points
+    native = [n for n in names if n.startswith("stepwatch/receiver/_spancore") and n.endswith(".so")]
+    assert native, "the wheel lacks the native span core (native/, built by setuptools-rust)"
     for folder, installed_as in PACKAGE_DIRS.items():
         for module in (REPO / folder).rglob("*.py"):
             if "__pycache__" in module.parts:

@@ -1,0 +1,469 @@
+//! `stepwatch.receiver._spancore`: the per-span work of ingest and close-time decoding, moved out
+//! of Python. The Python binding (receiver/spancore.py) owns the fallback: every function here
+//! returns None where the pure-Python path must decide (bytes it does not handle, a Python
+//! callback that raised), so results are the pure-Python path's, only faster.
+
+use std::collections::HashMap;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PySet, PyString, PyTuple};
+
+pub mod index;
+pub mod lean;
+pub mod wire;
+
+use index::Pieces;
+use lean::Simple;
+
+const ROOT_ENDED: u8 = 1;
+const SPAN_KINDS: [&str; 6] = [
+    "UNSPECIFIED",
+    "INTERNAL",
+    "SERVER",
+    "CLIENT",
+    "PRODUCER",
+    "CONSUMER",
+];
+const STATUS_CODES: [&str; 3] = ["UNSET", "OK", "ERROR"];
+/// The canonical Span's fields in declaration order (its `__dict__` order, as new_span builds it).
+const FIELDS: [&str; 13] = [
+    "trace_id",
+    "span_id",
+    "parent_span_id",
+    "name",
+    "kind",
+    "start_time_unix_nano",
+    "end_time_unix_nano",
+    "status_code",
+    "status_message",
+    "attributes",
+    "resource_attributes",
+    "scope_name",
+    "seq",
+];
+
+fn pieces<'py>(py: Python<'py>, data: &[u8], pieces: &Pieces) -> Bound<'py, PyBytes> {
+    match pieces.0.as_slice() {
+        [] => PyBytes::new(py, b""),
+        [(start, end)] => PyBytes::new(py, &data[*start..*end]),
+        many => {
+            let joined: Vec<u8> = many
+                .iter()
+                .flat_map(|(s, e)| data[*s..*e].iter().copied())
+                .collect();
+            PyBytes::new(py, &joined)
+        }
+    }
+}
+
+/// (records, invalid spans, total spans) of one request.
+type Indexed<'py> = (Bound<'py, PyList>, Bound<'py, PyList>, usize);
+
+/// The ingest index of one encoded ExportTraceServiceRequest, as `split_request` builds it:
+/// (records of the valid spans, (trace_id, span_id, parent, name) of the invalid ones, total),
+/// or None when the bytes are not handled here (the caller then walks the parsed request).
+/// A record is (trace_id, span_id, flags, encoded span, origin); origin is one
+/// (resource bytes, scope bytes) tuple shared by the spans of a ScopeSpans.
+#[pyfunction]
+fn index_request<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Option<Indexed<'py>>> {
+    let Ok(found) = index::index(data) else {
+        return Ok(None);
+    };
+    let mut rejected: Vec<Bound<'py, PyTuple>> = Vec::new();
+    for span in found.spans.iter().filter(|s| !index::is_valid(data, s)) {
+        let Ok(name) = std::str::from_utf8(&data[span.name.0..span.name.1]) else {
+            return Ok(None);
+        };
+        let ids = [span.trace_id, span.span_id, span.parent].map(|(s, e)| PyBytes::new(py, &data[s..e]));
+        let [trace, id, parent] = ids;
+        rejected.push(PyTuple::new(
+            py,
+            [
+                trace.into_any(),
+                id.into_any(),
+                parent.into_any(),
+                PyString::new(py, name).into_any(),
+            ],
+        )?);
+    }
+    let resources: Vec<Bound<'py, PyBytes>> = found.resources.iter().map(|r| pieces(py, data, r)).collect();
+    let origins = found
+        .origins
+        .iter()
+        .map(|o| PyTuple::new(py, [resources[o.resource].clone(), pieces(py, data, &o.scope)]))
+        .collect::<PyResult<Vec<_>>>()?;
+    let records = PyList::empty(py);
+    for span in found.spans.iter().filter(|s| index::is_valid(data, s)) {
+        let flags = if span.parent.1 == span.parent.0 && span.end_time != 0 {
+            ROOT_ENDED
+        } else {
+            0
+        };
+        let record = PyTuple::new(
+            py,
+            [
+                PyBytes::new(py, &data[span.trace_id.0..span.trace_id.1]).into_any(),
+                PyBytes::new(py, &data[span.span_id.0..span.span_id.1]).into_any(),
+                flags.into_pyobject(py)?.into_any(),
+                PyBytes::new(py, &data[span.extent.0..span.extent.1]).into_any(),
+                origins[span.origin].clone().into_any(),
+            ],
+        )?;
+        records.append(record)?;
+    }
+    Ok(Some((records, PyList::new(py, rejected)?, found.spans.len())))
+}
+
+/// FNV-1a: the selector's keys are a few dozen short trusted strings, looked up once per attribute;
+/// SipHash's DoS resistance buys nothing here and cost a tenth of the reader.
+#[derive(Default)]
+struct Fnv(u64);
+
+impl std::hash::Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut hash = if self.0 == 0 {
+            0xcbf2_9ce4_8422_2325
+        } else {
+            self.0
+        };
+        for &byte in bytes {
+            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 = hash;
+    }
+}
+
+type FnvMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<Fnv>>;
+
+/// An `AttributeSelection` prepared once: exact keys (their Python strings reused as dict keys)
+/// and prefixes.
+#[pyclass(frozen, module = "stepwatch.receiver._spancore")]
+struct Selector {
+    keys: FnvMap<String, Py<PyString>>,
+    prefixes: Vec<String>,
+}
+
+#[pymethods]
+impl Selector {
+    #[new]
+    fn new(keys: Vec<Bound<'_, PyString>>, prefixes: Vec<String>) -> PyResult<Self> {
+        let mut map = FnvMap::default();
+        for key in keys {
+            map.insert(key.to_str()?.to_owned(), key.unbind());
+        }
+        Ok(Selector { keys: map, prefixes })
+    }
+}
+
+impl Selector {
+    fn wants(&self, key: &str) -> bool {
+        self.keys.contains_key(key) || self.prefixes.iter().any(|p| key.starts_with(p.as_str()))
+    }
+
+    fn key<'py>(&self, py: Python<'py>, key: &str) -> Bound<'py, PyString> {
+        match self.keys.get(key) {
+            Some(text) => text.bind(py).clone(),
+            None => PyString::new(py, key),
+        }
+    }
+}
+
+fn hex<'py>(py: Python<'py>, bytes: &[u8]) -> Bound<'py, PyString> {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        out.push(DIGITS[usize::from(byte >> 4)] as char);
+        out.push(DIGITS[usize::from(byte & 15)] as char);
+    }
+    PyString::new(py, &out)
+}
+
+fn simple_value<'py>(py: Python<'py>, value: Simple<'_>) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match value {
+        Simple::None => py.None().into_bound(py),
+        Simple::Str(text) => PyString::new(py, text).into_any(),
+        Simple::Int(n) => n.into_pyobject(py)?.into_any(),
+        Simple::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
+        Simple::Double(d) => d.into_pyobject(py)?.into_any(),
+    })
+}
+
+/// How a field dict becomes a Span: `make(fields)`, or with `model` = (class, fields set) what
+/// evaluator.model.construct does (object.__new__, then __dict__, __pydantic_fields_set__,
+/// __pydantic_extra__ = None, __pydantic_private__ = None), without two Python frames per span.
+struct Maker<'py> {
+    make: Bound<'py, PyAny>,
+    model: Option<(
+        Bound<'py, PyAny>,
+        Bound<'py, PyAny>,
+        Bound<'py, PyAny>,
+        Bound<'py, PyAny>,
+    )>,
+}
+
+impl<'py> Maker<'py> {
+    fn new(
+        py: Python<'py>,
+        make: &Bound<'py, PyAny>,
+        model: Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+    ) -> PyResult<Self> {
+        let model = match model {
+            None => None,
+            Some((cls, fields_set)) => {
+                let object = py.import("builtins")?.getattr("object")?;
+                Some((
+                    cls,
+                    fields_set,
+                    object.getattr("__new__")?,
+                    object.getattr("__setattr__")?,
+                ))
+            }
+        };
+        Ok(Maker {
+            make: make.clone(),
+            model,
+        })
+    }
+
+    fn make(&self, fields: Bound<'py, PyDict>) -> PyResult<Bound<'py, PyAny>> {
+        let Some((cls, fields_set, new, set)) = &self.model else {
+            return self.make.call1((fields,));
+        };
+        let py = fields.py();
+        let obj = new.call1((cls,))?;
+        set.call1((&obj, intern!(py, "__dict__"), fields))?;
+        set.call1((&obj, intern!(py, "__pydantic_fields_set__"), fields_set))?;
+        set.call1((&obj, intern!(py, "__pydantic_extra__"), py.None()))?;
+        set.call1((&obj, intern!(py, "__pydantic_private__"), py.None()))?;
+        Ok(obj)
+    }
+}
+
+/// Per-span limits that send a span to the whole decode (`decode_records_for_limits`).
+#[derive(Clone, Copy)]
+struct Limits {
+    most_bytes: i64,
+    max_json_depth: i64,
+}
+
+/// Whether `payload` holds more than `limit` '[' / '{' bytes: counted 256 bytes at a time (a loop
+/// the compiler vectorizes), stopping as soon as the answer is known.
+fn brackets_over(payload: &[u8], limit: i64) -> bool {
+    let mut count: i64 = 0;
+    for chunk in payload.chunks(256) {
+        count += chunk
+            .iter()
+            .map(|&b| u32::from(b == b'[' || b == b'{'))
+            .sum::<u32>() as i64;
+        if count > limit {
+            return true;
+        }
+    }
+    false
+}
+
+/// Canonical Span field dicts of a closed partition's records, as `decode_selected` builds them,
+/// passed to `make` (receiver.otlp_proto.new_span); None when the Python path must decide.
+///
+/// `full`: indices to decode whole (by `whole(payload)`); spans with more than `max_attributes`
+/// distinct attribute keys, or over the `limits` (`most_bytes`, `max_json_depth`), are added to
+/// it. `origin_of(origin)` gives (resource attributes, scope name) per run of records sharing an
+/// origin; `value_of(encoded)` converts the AnyValues not read here (any_value_bytes).
+#[pyfunction]
+#[pyo3(signature = (records, selector, full, max_attributes, limits, origin_of, value_of, whole, make, model=None))]
+#[allow(clippy::too_many_arguments)]
+fn read_spans<'py>(
+    py: Python<'py>,
+    records: &Bound<'py, PyList>,
+    selector: &Selector,
+    full: &Bound<'py, PySet>,
+    max_attributes: usize,
+    limits: Option<(i64, i64)>,
+    origin_of: &Bound<'py, PyAny>,
+    value_of: &Bound<'py, PyAny>,
+    whole: &Bound<'py, PyAny>,
+    make: &Bound<'py, PyAny>,
+    model: Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+) -> PyResult<Option<Bound<'py, PyList>>> {
+    let maker = Maker::new(py, make, model)?;
+    let limits = limits.map(|(most_bytes, max_json_depth)| Limits {
+        most_bytes,
+        max_json_depth,
+    });
+    let mut payloads: Vec<Bound<'py, PyBytes>> = Vec::with_capacity(records.len());
+    let mut origins: Vec<Bound<'py, PyAny>> = Vec::with_capacity(records.len());
+    for record in records.iter() {
+        let record = record.downcast_into::<PyTuple>()?;
+        if record.len() != 5 {
+            return Err(PyValueError::new_err("a span record is a 5-tuple"));
+        }
+        payloads.push(record.get_item(3)?.downcast_into::<PyBytes>()?);
+        origins.push(record.get_item(4)?);
+    }
+    // parse everything first: bytes not handled here leave the work to Python before any callback
+    let mut spans = Vec::with_capacity(payloads.len());
+    for payload in &payloads {
+        match lean::parse(payload.as_bytes()) {
+            Ok(span) => spans.push(span),
+            Err(_) => return Ok(None),
+        }
+    }
+    let mut forced: Vec<bool> = vec![false; spans.len()];
+    for item in full.iter() {
+        if let Ok(i) = item.extract::<usize>() {
+            if i < forced.len() {
+                forced[i] = true;
+            }
+        }
+    }
+    if let Some(limits) = limits {
+        for (i, payload) in payloads.iter().enumerate() {
+            let bytes = payload.as_bytes();
+            if bytes.len() as i64 > limits.most_bytes || brackets_over(bytes, limits.max_json_depth) {
+                forced[i] = true;
+                full.add(i)?;
+            }
+        }
+    }
+    match build(
+        py,
+        &spans,
+        &payloads,
+        &origins,
+        selector,
+        full,
+        &mut forced,
+        max_attributes,
+        origin_of,
+        value_of,
+        whole,
+        &maker,
+    ) {
+        Ok(out) => Ok(Some(out)),
+        Err(_) => Ok(None), // a callback raised: the Python path raises it in its own order
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build<'py>(
+    py: Python<'py>,
+    spans: &[lean::LeanSpan<'_>],
+    payloads: &[Bound<'py, PyBytes>],
+    origins: &[Bound<'py, PyAny>],
+    selector: &Selector,
+    full: &Bound<'py, PySet>,
+    forced: &mut [bool],
+    max_attributes: usize,
+    origin_of: &Bound<'py, PyAny>,
+    value_of: &Bound<'py, PyAny>,
+    whole: &Bound<'py, PyAny>,
+    maker: &Maker<'py>,
+) -> PyResult<Bound<'py, PyList>> {
+    let out = PyList::empty(py);
+    let kinds: Vec<Bound<'py, PyString>> = SPAN_KINDS.iter().map(|k| PyString::new(py, k)).collect();
+    let codes: Vec<Bound<'py, PyString>> = STATUS_CODES.iter().map(|c| PyString::new(py, c)).collect();
+    let template = PyDict::new(py);
+    for key in FIELDS {
+        template.set_item(PyString::intern(py, key), py.None())?;
+    }
+    let mut origin: Option<&Bound<'py, PyAny>> = None;
+    let mut resource_attributes = py.None().into_bound(py);
+    let mut scope_name = py.None().into_bound(py);
+    let mut picked: Vec<(&str, &[u8])> = Vec::new();
+    for (index, span) in spans.iter().enumerate() {
+        let this = &origins[index];
+        if !origin.is_some_and(|o| o.is(this)) {
+            let pair = origin_of.call1((this,))?;
+            resource_attributes = pair.get_item(0)?;
+            scope_name = pair.get_item(1)?;
+            origin = Some(this);
+        }
+        let many =
+            span.attributes.len() > max_attributes && lean::distinct_keys(&span.attributes) > max_attributes;
+        let attributes = if forced[index] || many {
+            forced[index] = true;
+            full.add(index)?;
+            whole.call1((&payloads[index],))?
+        } else {
+            picked.clear();
+            for &(key, value) in &span.attributes {
+                if selector.wants(key) {
+                    match picked.iter_mut().find(|(k, _)| *k == key) {
+                        Some(slot) => slot.1 = value, // the last value, at the first position
+                        None => picked.push((key, value)),
+                    }
+                }
+            }
+            let dict = PyDict::new(py);
+            for &(key, value) in &picked {
+                let converted = if lean::is_empty(value) {
+                    py.None().into_bound(py)
+                } else {
+                    match lean::simple(value) {
+                        Some(simple) => simple_value(py, simple)?,
+                        None => value_of.call1((PyBytes::new(py, value),))?,
+                    }
+                };
+                dict.set_item(selector.key(py, key), converted)?;
+            }
+            dict.into_any()
+        };
+        let kind = usize::try_from(span.kind)
+            .ok()
+            .filter(|&k| k < SPAN_KINDS.len())
+            .unwrap_or(0);
+        let code = usize::try_from(span.status_code)
+            .ok()
+            .filter(|&c| c < STATUS_CODES.len())
+            .unwrap_or(0);
+        let fields = template.copy()?; // presized: no resizing per span
+        fields.set_item(intern!(py, "trace_id"), hex(py, span.trace_id))?;
+        fields.set_item(intern!(py, "span_id"), hex(py, span.span_id))?;
+        if span.parent_span_id.is_empty() {
+            fields.set_item(intern!(py, "parent_span_id"), py.None())?;
+        } else {
+            fields.set_item(intern!(py, "parent_span_id"), hex(py, span.parent_span_id))?;
+        }
+        fields.set_item(intern!(py, "name"), span.name)?;
+        fields.set_item(intern!(py, "kind"), &kinds[kind])?;
+        set_time(py, &fields, intern!(py, "start_time_unix_nano"), span.start_time)?;
+        set_time(py, &fields, intern!(py, "end_time_unix_nano"), span.end_time)?;
+        fields.set_item(intern!(py, "status_code"), &codes[code])?;
+        fields.set_item(intern!(py, "status_message"), span.status_message)?;
+        fields.set_item(intern!(py, "attributes"), attributes)?;
+        fields.set_item(intern!(py, "resource_attributes"), &resource_attributes)?;
+        fields.set_item(intern!(py, "scope_name"), &scope_name)?;
+        fields.set_item(intern!(py, "seq"), index)?;
+        out.append(maker.make(fields)?)?;
+    }
+    Ok(out)
+}
+
+fn set_time<'py>(
+    py: Python<'py>,
+    fields: &Bound<'py, PyDict>,
+    key: &Bound<'py, PyString>,
+    nanos: u64,
+) -> PyResult<()> {
+    if nanos == 0 {
+        fields.set_item(key, py.None())
+    } else {
+        fields.set_item(key, nanos)
+    }
+}
+
+#[pymodule]
+fn _spancore(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(index_request, m)?)?;
+    m.add_function(wrap_pyfunction!(read_spans, m)?)?;
+    m.add_class::<Selector>()?;
+    m.add("ABI_VERSION", 1)?;
+    m.add("SPAN_FIELDS", FIELDS.to_vec())?;
+    Ok(())
+}

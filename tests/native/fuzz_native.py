@@ -1,0 +1,151 @@
+"""Differential fuzz targets (atheris/libFuzzer) for the native span core, through its Python binding.
+
+The contract: whatever the bytes, the native code never crashes the process, and it either gives
+exactly what the pure-Python path gives or returns None (the caller then runs the Python path,
+which raises today's errors). So a native result where Python raised, or a different result, is a
+failure, as is any exception out of the native call itself.
+
+Run one for as long as you like (the corpus in the repo seeds it; copy it so new inputs stay out):
+  .venv/bin/python tests/native/fuzz_native.py index -max_total_time=600 /tmp/c tests/native/fuzz_corpus/index
+test_fuzz_native.py replays the corpus and runs each target for a fixed number of inputs.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import atheris
+
+with atheris.instrument_imports(include=["stepwatch"]):
+    from google.protobuf.message import DecodeError
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+    from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+
+    from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES
+    from stepwatch.evaluator.pipeline import scoring_attributes
+    from stepwatch.receiver import spancore
+    from stepwatch.receiver.framing import read_varint
+    from stepwatch.receiver.ingest import split_request
+    from stepwatch.receiver.origin import OriginCache
+    from stepwatch.receiver.otlp_proto import new_span
+    from stepwatch.receiver.otlp_selective import _whole, any_value_bytes, decode_selected_python
+
+core: Any = spancore._core
+assert core is not None, spancore.STATUS
+SELECTION = scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES)
+SELECTOR = core.Selector(list(SELECTION.keys), list(SELECTION.prefixes))
+ORIGIN = (Resource(attributes=[]).SerializeToString(), InstrumentationScope(name="s").SerializeToString())
+
+
+def _origin_equal(a: tuple[bytes, bytes], b: tuple[bytes, bytes]) -> bool:
+    """Native origins are the wire bytes (repeats concatenated, which is their merge); Python's are
+    upb's re-serialization: equal as messages."""
+    return Resource.FromString(a[0]) == Resource.FromString(b[0]) and InstrumentationScope.FromString(
+        a[1]
+    ) == InstrumentationScope.FromString(b[1])
+
+
+def index(data: bytes) -> None:
+    found = core.index_request(data)  # must not raise, whatever the bytes
+    try:
+        request = ExportTraceServiceRequest.FromString(data)
+    except DecodeError:
+        return  # the receiver answers INVALID_ARGUMENT before ingest: no index is asked for
+    if found is None:
+        return  # the Python path decides
+    with _python():
+        want = split_request(request, data)
+    records, invalid, total = found
+    want_records, want_rejected, want_details, want_total = want
+    assert total == want_total, (total, want_total)
+    assert len(records) == len(want_records)
+    for got, exp in zip(records, want_records, strict=True):
+        assert got[:4] == exp[:4], (got[:4], exp[:4])
+        assert _origin_equal(got[4], exp[4])
+    with _native():
+        _, rejected, details, _ = split_request(request, data)
+    assert (rejected, details) == (want_rejected, want_details)
+    assert len(invalid) == sum(want_rejected.values())
+
+
+def _frames(data: bytes) -> list[bytes]:
+    """The input as length-prefixed span payloads; bytes that do not frame are one payload."""
+    out, i = [], 0
+    try:
+        while i < len(data):
+            size, i = read_varint(data, i)
+            if i + size > len(data):
+                raise IndexError
+            out.append(data[i : i + size])
+            i += size
+    except (IndexError, ValueError):
+        return [data]
+    return out or [data]
+
+
+def reader(data: bytes) -> None:
+    records = [(b"t" * 16, b"s" * 8, 0, payload, ORIGIN) for payload in _frames(data)]
+    # the last byte picks loose limits (the selective read) or tight ones (the whole decode)
+    limits = (len(data) // 2, 8) if data and data[-1] & 1 else (1 << 20, 1 << 10)
+
+    def origin_of(origin: Any) -> tuple[dict[str, Any], str]:
+        return {}, "s"
+
+    full: set[int] = set()
+    got = core.read_spans(
+        records, SELECTOR, full, 8, limits, origin_of, any_value_bytes, _whole, new_span
+    )  # must not raise: a callback that raised is a None (the Python path re-raises it)
+    want_full: set[int] = set()
+    try:
+        want = decode_selected_python(records, SELECTION, want_full, 8, OriginCache(), limits)
+    except Exception:
+        assert got is None, "native decoded bytes the Python path refuses"
+        return
+    if got is None:
+        return
+    assert _canon([s.model_dump() for s in got]) == _canon([s.model_dump() for s in want])
+    assert full == want_full
+
+
+def _canon(value: Any) -> Any:
+    """NaN as a marker: two NaN objects never compare equal, the same NaN value is no difference."""
+    if isinstance(value, float) and math.isnan(value):
+        return "<nan>"
+    if isinstance(value, dict):
+        return {k: _canon(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_canon(v) for v in value]
+    return value
+
+
+class _python:
+    def __enter__(self) -> None:
+        spancore._core = None
+
+    def __exit__(self, *_: object) -> None:
+        spancore._core = core
+
+
+class _native:
+    def __enter__(self) -> None:
+        spancore._core = core
+
+    def __exit__(self, *_: object) -> None:
+        pass
+
+
+TARGETS: dict[str, Callable[[bytes], None]] = {"index": index, "reader": reader}
+
+
+def main() -> None:
+    name = sys.argv[1]
+    atheris.Setup([sys.argv[0], *sys.argv[2:]], TARGETS[name])
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main()

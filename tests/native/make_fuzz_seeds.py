@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Writes the seed inputs of tests/native/fuzz_corpus/ (committed; re-run to regenerate).
+
+Seeds are small real and crafted inputs for both targets of fuzz_native.py: a real SDK span, and
+the shapes the decoders' contract names: truncated, oversized lengths, deeply nested AnyValues,
+groups, repeated fields, wrong wire types, invalid UTF-8, zero ids.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
+
+HERE = Path(__file__).with_name("fuzz_corpus")
+CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus"  # the clone sits beside shared/
+
+
+def _len(field: int, body: bytes) -> bytes:
+    return bytes([field << 3 | 2]) + _varint(len(body)) + body
+
+
+def _varint(n: int) -> bytes:
+    out = b""
+    while n > 0x7F:
+        out += bytes([(n & 0x7F) | 0x80])
+        n >>= 7
+    return out + bytes([n])
+
+
+def _nested_attribute(key: str, depth: int) -> bytes:
+    """A span's attribute (field 9) whose AnyValue nests `depth` arrays (beyond upb's limit of 100)."""
+    value = _len(1, b"leaf")
+    for _ in range(depth):
+        value = _len(5, _len(1, value))  # AnyValue.array_value -> ArrayValue.values
+    return _len(9, _len(1, key.encode()) + _len(2, value))
+
+
+def _span(**over: object) -> Span:
+    fields: dict[str, object] = {
+        "trace_id": bytes(range(1, 17)),
+        "span_id": bytes(range(1, 9)),
+        "name": "execute_tool search",
+        "kind": 3,
+        "start_time_unix_nano": 1,
+        "end_time_unix_nano": 2,
+        "status": Status(code=2, message="boom"),
+        "attributes": [
+            KeyValue(key="gen_ai.tool.name", value=AnyValue(string_value="search")),
+            KeyValue(key="gen_ai.usage.input_tokens", value=AnyValue(int_value=-3)),
+            KeyValue(
+                key="llm.output_messages.0.message.tool_calls.0.tool_call.function.name",
+                value=AnyValue(string_value="f"),
+            ),
+            KeyValue(key="openinference.span.kind", value=AnyValue(bytes_value=b"\x00\xff")),
+            KeyValue(key="session.id", value=AnyValue(double_value=1.5)),
+        ],
+    }
+    fields.update(over)
+    return Span(**fields)  # type: ignore[arg-type]
+
+
+def _request(*spans: Span) -> bytes:
+    return ExportTraceServiceRequest(
+        resource_spans=[
+            ResourceSpans(
+                resource={"attributes": [KeyValue(key="service.name", value=AnyValue(string_value="svc"))]},
+                scope_spans=[ScopeSpans(scope={"name": "lib"}, spans=list(spans))],
+            )
+        ]
+    ).SerializeToString()
+
+
+def _frame(*payloads: bytes) -> bytes:
+    return b"".join(_varint(len(payload)) + payload for payload in payloads)
+
+
+def main() -> None:
+    good = _span().SerializeToString() + _nested_attribute("deep", 20)
+    rejected = _span(trace_id=bytes(16), name="").SerializeToString()
+    request = _request(_span(), _span(parent_span_id=b"12345678"), _span(span_id=b"short"))
+    index = {
+        "real_sdk_request": (CORPUS / "pai_testmodel_structured_output.pb").read_bytes(),
+        "three_spans_one_invalid": request,
+        "truncated": request[: len(request) // 2],
+        "oversized_length": b"\x0a\xff\xff\xff\xff\x0f" + request,
+        "group_at_top": _request(_span()) + b"\x0b\x0c",
+        "deeply_nested_value": _request(Span.FromString(good))
+        + _len(1, _len(2, _len(2, _nested_attribute("x", 150)))),
+        "resource_twice": request + b"\x0a\x08\x0a\x06\x0a\x04\x0a\x02ab",
+        "wrong_wire_type_ids": _request(Span()) + b"\x0a\x06\x12\x04\x12\x02\x08\x01",
+        "zero_ids_no_name": _request(Span.FromString(rejected)),
+    }
+    reader = {
+        "one_span": _frame(good),
+        "two_spans_repeated_fields": _frame(good + b"\x2a\x01x\x7a\x02\x18\x01", good),
+        "truncated": _frame(good[:-7]),
+        "invalid_utf8_name": _frame(good + b"\x2a\x01\xff"),
+        "deeply_nested_value": _frame(good + _nested_attribute("session.id", 150)),
+        "group": _frame(good + b"\x5b\x5c"),
+        "many_attributes": _frame(
+            _span(
+                attributes=[KeyValue(key=f"k{i}", value=AnyValue(int_value=i)) for i in range(12)]
+            ).SerializeToString()
+        ),
+        "bad_any_value": _frame(
+            good + b"\x4a\x0e\x0a\x0asession.id\x12\x00" + b"\x4a\x08\x0a\x02ab\x12\x02\x18"
+        ),
+    }
+    for folder, seeds in (("index", index), ("reader", reader)):
+        (HERE / folder).mkdir(parents=True, exist_ok=True)
+        for name, data in seeds.items():
+            (HERE / folder / name).write_bytes(data)
+
+
+if __name__ == "__main__":
+    main()

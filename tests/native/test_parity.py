@@ -1,0 +1,142 @@
+"""The native span core gives exactly the pure-Python path's results: ingest records, rejections,
+decoded spans, and through the whole service every score, step list and metadata field, on the
+corpus and on 2,000 loadgen traces. Each comparison also checks the native code ran (no fallback),
+so a broken build cannot pass by comparing Python with itself."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+from native_rig import loadgen_traffic, python_path
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from shared_paths import CORPUS, LOADGEN_DIR
+
+from stepwatch.config import load_config
+from stepwatch.evaluator.clock import ManualClock
+from stepwatch.evaluator.expectation import Expectation
+from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES, partition_traces
+from stepwatch.evaluator.pipeline import score_partition, scoring_attributes
+from stepwatch.evaluator.scorers.registry import default_scorers
+from stepwatch.evaluator.steps import extract_steps
+from stepwatch.receiver import spancore
+from stepwatch.receiver.ingest import split_request
+from stepwatch.receiver.otlp_selective import decode_selected
+from stepwatch.security.config import LimitsConfig
+from stepwatch.security.limits import LimitCounters
+from stepwatch.service import Service
+from stepwatch.tenancy import decode_limited
+
+pytestmark = pytest.mark.skipif(not spancore.AVAILABLE, reason=f"native span core: {spancore.STATUS}")
+CORPUS_FILES = sorted(CORPUS.glob("*.pb"))
+
+
+def _records(request: bytes) -> tuple[Any, ...]:
+    return split_request(ExportTraceServiceRequest.FromString(request), request)
+
+
+def _same_index(data: bytes) -> None:
+    before = spancore.FALLBACKS["index_request"]
+    native = _records(data)
+    assert spancore.FALLBACKS["index_request"] == before, "the native index fell back"
+    with python_path():
+        python = _records(data)
+    assert native == python
+
+
+def _spans(records: list[Any], selection: Any) -> list[dict[str, Any]]:
+    full: set[int] = set()
+    spans = decode_selected(records, selection, full, 128, limits=(20_000, 64))
+    return [s.model_dump() for s in spans] + [sorted(full)]  # type: ignore[list-item]
+
+
+def _same_spans(records: list[Any]) -> list[dict[str, Any]]:
+    out = []
+    for step_io in (True, False):
+        selection = scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES, step_io=step_io)
+        before = spancore.FALLBACKS["read_spans"]
+        native = _spans(records, selection)
+        assert spancore.FALLBACKS["read_spans"] == before, "the native reader fell back"
+        with python_path():
+            assert native == _spans(records, selection)
+        out += native
+    return out
+
+
+@pytest.mark.parametrize("path", CORPUS_FILES, ids=lambda p: p.stem)
+def test_corpus_records_spans_steps_and_scores_are_identical(path: Path) -> None:
+    data = path.read_bytes()
+    _same_index(data)
+    records = _records(data)[0]
+    _same_spans(records)
+    selection = scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES)
+    limits = LimitsConfig()
+
+    def scored() -> list[Any]:
+        spans = decode_limited(records, selection, limits, LimitCounters())
+        out = []
+        for partition in partition_traces(spans):
+            steps = extract_steps(partition)
+            expectation = Expectation(expected_steps=[s.name for s in steps][::-1] or ["x"])
+            _, results = score_partition(partition, expectation, default_scorers(expectation))
+            out.append(([dataclasses.asdict(s) for s in steps], [r.model_dump() for r in results]))
+        return out
+
+    native = scored()
+    with python_path():
+        assert scored() == native
+
+
+def test_limited_spans_are_identical_when_limits_bite() -> None:
+    """Small limits send spans to the whole decode and the limiters; counts and marks agree."""
+    data = (CORPUS / "pai_trip_parallel_tools.pb").read_bytes()
+    records = _records(data)[0]
+    selection = scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES)
+    limits = LimitsConfig(max_attributes_per_span=4, max_attribute_value_length=64, max_json_depth=2)
+
+    def limited() -> tuple[list[dict[str, Any]], Any]:
+        meter = LimitCounters()
+        spans = decode_limited(records, selection, limits, meter)
+        return [s.model_dump() for s in spans], meter.counts
+
+    native = limited()
+    with python_path():
+        assert limited() == native
+
+
+def _run_service(requests: list[bytes], expectations: Path) -> tuple[list[Any], Any]:
+    clock = ManualClock()
+    environ = {"STEPWATCH_EXPECTATIONS__FILE": str(expectations), "STEPWATCH_EXPECTATIONS__WATCH": "false"}
+    service = Service(load_config(None, environ=environ), clock=clock)
+    for data in requests:
+        result = service.ingestor.consume(ExportTraceServiceRequest.FromString(data), "grpc", encoded=data)
+        assert result.retry_after is None
+    clock.advance(service.config.buffer.rootless_trace_idle_timeout or 60.0)
+    clock.advance(60.0)
+    outputs = service._process_all(service.buffer.sweep())
+    events = []
+    for out in outputs:
+        fields = dataclasses.asdict(out.event)
+        fields.pop("scored_at_unix_nano")
+        fields["results"] = [r.model_dump() for r in out.event.results]
+        events.append(fields)
+    return sorted(events, key=lambda e: (e["partition_type"], e["partition_id"])), service.accounting
+
+
+@pytest.mark.skipif(not (LOADGEN_DIR / "otlp_loadgen.py").exists(), reason="loadgen not present")
+def test_two_thousand_loadgen_partitions_score_identically(tmp_path: Path) -> None:
+    requests, expectations = loadgen_traffic(tmp_path, 2000)
+    for data in requests[:8]:
+        _same_index(data)
+    before = dict(spancore.FALLBACKS)
+    native, native_accounting = _run_service(requests, expectations)
+    assert dict(spancore.FALLBACKS) == before, "the native path fell back"
+    with python_path():
+        python, python_accounting = _run_service(requests, expectations)
+    assert len(native) >= 2000
+    assert sum(1 for e in native if e["partition_type"] == "trace") >= 1000
+    assert native == python
+    assert native_accounting.scored == python_accounting.scored
+    assert native_accounting.rejected == python_accounting.rejected
