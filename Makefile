@@ -4,7 +4,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: setup system-deps serve test lint bench
+.PHONY: setup system-deps serve test lint bench otelcol
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,10 +29,15 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: setup system-deps
+test: setup system-deps otelcol
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest -q
+
+# The real OpenTelemetry Collector the tests run (tests/collector), built with its builder (ocb)
+# from deploy/otelcol/builder.yaml into .cache/otelcol/<manifest hash>/; a no-op once cached.
+otelcol:
+	bash deploy/otelcol/build.sh >/dev/null
 
 # Benchmarks are run on demand, never in CI; each prints medians and compares with its floor.
 bench: setup
