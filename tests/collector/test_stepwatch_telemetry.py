@@ -5,6 +5,7 @@ values docs/score-events.md documents, and the Collector's view matches Stepwatc
 
 from __future__ import annotations
 
+import base64
 import json
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -28,13 +29,28 @@ EVENT = "gen_ai.evaluation.result"
 SeriesKey = tuple[str, str, str]  # (metric, task_key, partition type)
 
 
+_HEX_IDS = frozenset({"traceId", "spanId", "parentSpanId"})
+
+
+def _otlp_json_ids(value: Any) -> Any:
+    """OTLP/JSON writes trace and span ids as hex; protobuf's JSON parser expects base64 bytes."""
+    if isinstance(value, dict):
+        return {
+            k: base64.b64encode(bytes.fromhex(v)).decode() if k in _HEX_IDS and v else _otlp_json_ids(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_otlp_json_ids(v) for v in value]
+    return value
+
+
 def _read(path: Path) -> tuple[list[Any], list[Any]]:
     """(metric export requests, log export requests) the file exporter wrote, in order."""
     metrics, logs = [], []
     if not path.exists():
         return metrics, logs
     for line in path.read_text().splitlines():
-        doc = json.loads(line)
+        doc = _otlp_json_ids(json.loads(line))
         if "resourceMetrics" in doc:
             metrics.append(json_format.ParseDict(doc, MetricsData()))
         elif "resourceLogs" in doc:
