@@ -8,7 +8,9 @@ of the traces in sessions carrying session.id) for --duration seconds:
   - scored spans/s: spans scored by all replicas together (stepwatch_spans_scored_total) between
     scrapes at 40 % and 90 % of the load (steady state; the final idle timeouts are left out);
   - the Collector's own CPU over the same window (user + system from /proc), as cores and as CPU
-    seconds per 100k spans routed; and the replicas' CPU the same way.
+    seconds per 100k spans scored; and the replicas' CPU the same way. CPU seconds per span hold
+    up on a shared machine far better than spans/s, which the machine's other load depresses (the
+    1-minute load average is printed with each round).
 Prints one JSON line per round and a summary line with medians per replica count.
 Usage: python bench/bench_scale_out.py [--runs 3] [--duration 12] [--loadgen DIR]
 Needs the Collector binary (deploy/otelcol/build.sh builds and caches it).
@@ -24,7 +26,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -129,18 +130,22 @@ def one_round(
             )
         )
 
-    timers = [threading.Timer(duration * f, mark) for f in (0.4, 0.9)]
     try:
         argv = [
             sys.executable, str(loadgen / "otlp_loadgen.py"), "--target", f"127.0.0.1:{grpc}",
-            "--duration", str(duration), "--pool-traces", "2000", "--concurrency", "4", "--seed", "7",
+            "--duration", str(duration), "--pool-traces", "1000", "--concurrency", "4", "--seed", "7",
         ]  # fmt: skip
         client = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        for timer in timers:
-            timer.start()
+        # The loadgen encodes its pool first: the clock starts with the first span the Collector takes.
+        while collector.metric("otelcol_receiver_accepted_spans_total") == 0:
+            if client.poll() is not None:
+                raise SystemExit("the loadgen exited before sending")
+            time.sleep(0.1)
+        start = time.monotonic()
+        for fraction in (0.4, 0.9):
+            time.sleep(max(0.0, start + duration * fraction - time.monotonic()))
+            mark()
         out, _ = client.communicate(timeout=duration + 300)
-        for timer in timers:
-            timer.join()
         sent = json.loads(out.splitlines()[-1])
     finally:
         collector.stop()
@@ -156,6 +161,8 @@ def one_round(
         "collector_cores": round((c1 - c0) / window, 3),
         "collector_cpu_s_per_100k_spans": round((c1 - c0) / max(s1 - s0, 1) * 100_000, 3),
         "replicas_cores": round((r1 - r0) / window, 3),
+        "replicas_cpu_s_per_100k_spans": round((r1 - r0) / max(s1 - s0, 1) * 100_000, 3),
+        "load_average_1m": os.getloadavg()[0],
     }
 
 
@@ -182,6 +189,8 @@ def main() -> None:
                 "collector_cores",
                 "collector_cpu_s_per_100k_spans",
                 "replicas_cores",
+                "replicas_cpu_s_per_100k_spans",
+                "load_average_1m",
             )
         }
         for n, results in rounds.items()
