@@ -32,6 +32,7 @@ lint: setup
 test: setup system-deps otelcol
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	MYPY=$(abspath $(BIN))/mypy .ci/typecheck
 	$(BIN)/pytest -q
 
 # The real OpenTelemetry Collector the tests run (tests/collector), built with its builder (ocb)

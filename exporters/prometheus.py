@@ -61,6 +61,10 @@ class BufferGauges:
     scoring_backlog_spans: int = 0
     held_requests: int = 0
     held_seconds: float = 0.0
+    ledger_entries: int = 0
+    ledger_bytes: int = 0
+    ledger_bytes_limit: int = 0
+    ledger_evictions: int = 0
 
 
 class _IngestCollector(Collector):
@@ -87,7 +91,10 @@ class _IngestCollector(Collector):
         rejected = CounterMetricFamily(
             "stepwatch_spans_rejected", "Spans refused, by reason.", labels=["reason"]
         )
-        for reason, count in sorted(acc.rejected.items()):
+        reasons = dict(acc.rejected)
+        if acc.scoring_errors:
+            reasons["scoring_error"] = reasons.get("scoring_error", 0) + acc.scoring_errors
+        for reason, count in sorted(reasons.items()):
             rejected.add_metric([reason], count)
         yield rejected
         requests = CounterMetricFamily(
@@ -98,6 +105,20 @@ class _IngestCollector(Collector):
         for reason, count in sorted(acc.requests_rejected.items()):
             requests.add_metric([reason], count)
         yield requests
+        duplicates = CounterMetricFamily(
+            "stepwatch_spans_duplicate",
+            "Spans whose id was already taken for their trace, ignored (received: a client retry or "
+            "Kafka redelivery; replayed: a write-ahead-log record of spans already scored).",
+            labels=["source"],
+        )
+        for source in ("received", "replayed"):
+            duplicates.add_metric([source], acc.duplicates.get(source, 0))
+        yield duplicates
+        yield CounterMetricFamily(
+            "stepwatch_spans_replayed",
+            "Spans read back from the write-ahead log at start-up.",
+            value=acc.replayed,
+        )
         yield CounterMetricFamily(
             "stepwatch_spans_late", "Spans that arrived after their partition closed.", value=acc.late
         )
@@ -128,6 +149,22 @@ class _IngestCollector(Collector):
         )
         yield GaugeMetricFamily(
             "stepwatch_buffered_spans_limit", "buffer.max_buffered_spans.", value=gauges.buffered_spans_limit
+        )
+        yield GaugeMetricFamily(
+            "stepwatch_ledger_entries",
+            "Closed traces whose span ids the decision ledger remembers (retries are duplicates).",
+            value=gauges.ledger_entries,
+        )
+        yield GaugeMetricFamily(
+            "stepwatch_ledger_bytes", "Estimated memory of the decision ledger.", value=gauges.ledger_bytes
+        )
+        yield GaugeMetricFamily(
+            "stepwatch_ledger_bytes_limit", "ledger.max_bytes.", value=gauges.ledger_bytes_limit
+        )
+        yield CounterMetricFamily(
+            "stepwatch_ledger_evictions",
+            "Decision-ledger entries dropped at ledger.max_bytes before their retention ran out.",
+            value=gauges.ledger_evictions,
         )
         partitions = GaugeMetricFamily(
             "stepwatch_buffered_partitions", "Open partitions.", labels=["partition_type"]

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from stepwatch.evaluator.buffer import BufferLimits
 from stepwatch.evaluator.judge.settings import JudgeServiceConfig
+from stepwatch.evaluator.ledger import LedgerLimits
 from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES
 from stepwatch.exporters.config import (
     KafkaExporterConfig,
@@ -181,6 +182,26 @@ class BufferConfig(Section):
         )
 
 
+class LedgerConfig(Section):
+    """The decision ledger of closed traces (docs/serve.md, "Retries, duplicates and the ledger")."""
+
+    retention: float = Field(
+        default=300.0,
+        gt=0,
+        description="Seconds a closed trace's span ids are remembered after its last change, so a "
+        "retry is a duplicate (at least buffer.late_span_window; the Collector retries for up to 300 s).",
+    )
+    max_bytes: int = Field(
+        default=64 * 2**20,
+        ge=1,
+        description="Memory bound of the ledger; beyond it the oldest entries are evicted "
+        "(stepwatch_ledger_evictions_total) and their traces' later spans are late, never re-scored.",
+    )
+
+    def limits(self) -> LedgerLimits:
+        return LedgerLimits(retention=self.retention, max_bytes=self.max_bytes)
+
+
 class PartitioningConfig(Section):
     task_key_attributes: list[str] = Field(
         default=list(DEFAULT_TASK_KEY_ATTRIBUTES),
@@ -289,6 +310,7 @@ class LoggingConfig(Section):
 class ServiceConfig(Section):
     receivers: ReceiversConfig = ReceiversConfig()
     buffer: BufferConfig = BufferConfig()
+    ledger: LedgerConfig = LedgerConfig()
     partitioning: PartitioningConfig = PartitioningConfig()
     expectations: ExpectationsConfig = ExpectationsConfig()
     scoring: ScoringConfig = ScoringConfig()
@@ -297,6 +319,15 @@ class ServiceConfig(Section):
     judge: JudgeServiceConfig = JudgeServiceConfig()
     security: SecurityConfig = SecurityConfig()
     logging: LoggingConfig = LoggingConfig()
+
+    @model_validator(mode="after")
+    def _ledger_covers_the_late_window(self) -> ServiceConfig:
+        if self.ledger.retention < self.buffer.late_span_window:
+            raise ValueError(
+                f"ledger.retention ({self.ledger.retention}) must be >= buffer.late_span_window "
+                f"({self.buffer.late_span_window}): a retry within the window must be a duplicate"
+            )
+        return self
 
     def kafka_exporter(self) -> KafkaExporterConfig:
         """exporters.kafka, with the spool in DATA_DIR/kafka-spool when durability.data_dir is set and

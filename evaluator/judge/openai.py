@@ -177,7 +177,7 @@ class OpenAIJudge:
             await self._sleep(wait)
 
     def _backoff(self, attempt: int) -> float:
-        return min(self.config.max_backoff_s, self.config.backoff_base_s * (2**attempt))
+        return float(min(self.config.max_backoff_s, self.config.backoff_base_s * (2**attempt)))
 
     async def _request(self, messages: list[dict[str, str]], budget: BudgetHook | None) -> float:
         cfg = self.config

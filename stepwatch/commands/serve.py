@@ -7,6 +7,14 @@ import argparse
 HELP = "Run the streaming evaluator: OTLP receivers in, scores out (Prometheus /metrics)."
 
 
+GC_THRESHOLDS = (20_000, 20, 50)
+"""Scoring allocates many short-lived objects while the buffer holds many long-lived ones; with
+CPython's default gen0 threshold (700) collections cost ~30% of close time (docs/serve.md). These
+are the thresholds every published figure was measured with (Service.start used to override the
+(100_000, 50, 100) this command set; gc.freeze() after start-up was ~2 us/span faster still, but a
+restarted `serve` with a Kafka spool then never scored)."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
@@ -179,9 +187,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=config.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:  # in case a library logs an Authorization header
         handler.addFilter(SecretsLogFilter())
-    # Buffered spans are many long-lived objects; default GC thresholds re-scan them constantly while
-    # scoring allocates (measured: ~30% of scoring time with 250k spans buffered, bench/bench_e2e.py).
-    gc.set_threshold(100_000, 50, 100)
+    gc.set_threshold(*GC_THRESHOLDS)  # the process's, so set by its owner: an embedded Service leaves it
 
     async def main() -> int:
         from stepwatch.service import Service

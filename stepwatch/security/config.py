@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 TLSVersion = Literal["1.2", "1.3"]
 DEFAULT_TENANT_NAME = "default"
+"""The implicit tenant (tenancy off, no auth, Kafka): its buffer keys are the bare trace ids."""
 
 
 class _Model(BaseModel):

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from shared_paths import CORPUS
 
 STEPWATCH = str(Path(sys.executable).with_name("stepwatch"))
-CORPUS = Path("/work/shared/corpus")
 TRIP = CORPUS / "pai_trip_parallel_tools.pb"
 TRIP_EXPECTED = '["trip_planner", "get_weather", "get_exchange_rate", "book_hotel"]'
 

@@ -22,6 +22,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
+from waiting import eventually
 
 from stepwatch.config import load_config
 from stepwatch.evaluator.expectations_store import ExpectationsError
@@ -175,17 +176,6 @@ def sample(text: str, name: str, **labels: str) -> float | None:
             if s.name == name and s.labels == labels:
                 return s.value
     return None
-
-
-async def eventually(check, timeout: float = 15.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"condition not met within {timeout}s (last: {last!r})")
 
 
 def results(

@@ -210,13 +210,14 @@ async def test_every_span_is_scored_rejected_or_late(tmp_path, h) -> None:
             settled = (
                 await metrics.total("stepwatch_spans_scored_total")
                 + await metrics.total("stepwatch_spans_rejected_total")
+                + await metrics.total("stepwatch_spans_duplicate_total")
                 + await metrics.total("stepwatch_spans_late_total")
             )
             return received == sent == settled and await metrics.get("stepwatch_buffered_spans") == 0
 
         await h.eventually(balanced)
         assert await metrics.get("stepwatch_spans_rejected_total", reason="invalid_trace_id") == 1.0
-        assert await metrics.get("stepwatch_spans_rejected_total", reason="duplicate") == 1.0
+        assert await metrics.get("stepwatch_spans_duplicate_total", source="received") == 1.0
         assert await metrics.get("stepwatch_spans_rejected_total", reason="limit") == 2.0
         assert await metrics.get("stepwatch_spans_late_total") == 1.0
         assert (

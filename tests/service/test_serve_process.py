@@ -30,7 +30,7 @@ def test_sigterm_drains_every_buffered_partition_and_exits_0(tmp_path, agent) ->
         code, err = serve.stop(signal.SIGTERM)
     assert code == 0, err
     assert f"listening on 127.0.0.1:{serve.grpc}" in err and f"127.0.0.1:{serve.http}/v1/traces" in err
-    assert "drained: 14 span(s) received, 14 scored, 0 rejected, 0 late" in err
+    assert "drained: 14 span(s) received, 0 replayed, 14 scored, 0 rejected, 0 duplicate, 0 late" in err
 
 
 def test_bad_config_exits_2_with_the_key_and_source(tmp_path) -> None:
