@@ -36,8 +36,8 @@ sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "collector")]  # the t
 import shipped_configs  # noqa: E402
 from otelcol import Collector, build_collector  # noqa: E402
 from serve_helpers import free_port, parse_samples, total  # noqa: E402
+from shared_paths import LOADGEN_DIR  # noqa: E402
 
-DEFAULT_LOADGEN = REPO.parent / "shared" / "tools" / "loadgen"
 STEPWATCH = str(Path(sys.executable).parent / "stepwatch")
 FAST_CLOSE = {
     "STEPWATCH_BUFFER__ROOTLESS_TRACE_IDLE_TIMEOUT": "2.0",
@@ -170,7 +170,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--duration", type=float, default=12.0)
-    parser.add_argument("--loadgen", type=Path, default=DEFAULT_LOADGEN)
+    parser.add_argument("--loadgen", type=Path, default=LOADGEN_DIR)
     parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 3])
     args = parser.parse_args()
     binary = build_collector()

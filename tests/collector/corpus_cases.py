@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from shared_paths import CORPUS
 
 from stepwatch.evaluator.partitioning import partition_sessions, partition_traces
 from stepwatch.receiver.otlp_proto import decode_request_bytes
-
-CORPUS = Path("/work/shared/corpus")
 
 
 @dataclass(frozen=True)
