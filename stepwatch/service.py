@@ -248,22 +248,18 @@ class Service:
             interceptor = BearerAuthInterceptor(
                 self.authenticator, on_rejected=lambda n: self._auth_rejected("grpc", n)
             )
-            grpc_max, grpc_key = _binding(
-                (rec.grpc.max_recv_message_bytes, "receivers.grpc.max_recv_message_bytes"),
-                (sec.limits.max_message_bytes, "security.limits.max_message_bytes"),
-            )
             self.grpc = OtlpGrpcReceiver(
                 self.ingestor,
                 self.accounting,
                 host,
                 port,
-                grpc_max,
+                rec.grpc.max_recv_message_bytes,
                 rec.grpc.max_concurrent_rpcs,
                 credentials=grpc_server_credentials(tls) if tls.enabled else None,
                 interceptors=[interceptor] if auth_on else (),
                 tenant=lambda: self.scope.name(current_tenant.get()),
                 on_too_large=lambda: self.limit_meter.exceeded("message_size"),
-                limit_key=grpc_key,
+                limit_key="receivers.grpc.max_recv_message_bytes",
             )
         if rec.http.enabled:
             host, port = parse_endpoint(rec.http.endpoint)
@@ -272,23 +268,19 @@ class Service:
                 assert self.http is not None
                 self._auth_rejected("http", await self.http.count_spans(request))
 
-            http_max, http_key = _binding(
-                (rec.http.max_body_bytes, "receivers.http.max_body_bytes"),
-                (sec.limits.max_http_body_bytes, "security.limits.max_http_body_bytes"),
-            )
             self.http = OtlpHttpReceiver(
                 self.ingestor,
                 self.accounting,
                 host,
                 port,
-                http_max,
+                rec.http.max_body_bytes,
                 ssl_context=server_ssl_context(tls).context if tls.enabled else None,
                 middlewares=[bearer_auth_middleware(self.authenticator, on_rejected=http_rejected)]
                 if auth_on
                 else (),
                 tenant=lambda request: self.scope.name(request.get(TENANT_KEY)),
                 on_too_large=lambda: self.limit_meter.exceeded("message_size"),
-                limit_key=http_key,
+                limit_key="receivers.http.max_body_bytes",
             )
         self.metrics_server: MetricsServer | None = None
         if prom.enabled:
@@ -914,11 +906,6 @@ def _decision_log_config(wal: WalConfig) -> WalConfig:
             "max_bytes": max(2 * segment, wal.max_bytes // 8),
         }
     )
-
-
-def _binding(*limits: tuple[int, str]) -> tuple[int, str]:
-    """The smallest of several (value, config key) limits on the same thing: the one a refusal names."""
-    return min(limits, key=lambda limit: limit[0])
 
 
 class _Backpressure(Exception):

@@ -9,8 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-from crash_helpers import LOADGEN, Server, generated_traces, scored_traces
+from crash_helpers import Server, generated_traces, scored_traces
 from serve_helpers import free_port, scrape, total
+from shared_paths import LOADGEN
 
 pytestmark = pytest.mark.slow
 

@@ -23,9 +23,10 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer
-from crash_helpers import LOADGEN, Server, generated_traces, score_lines, scored_traces
+from crash_helpers import Server, generated_traces, score_lines, scored_traces
 from kafka_broker import TansuBroker
 from serve_helpers import free_port, scrape, serve_env, total
+from shared_paths import LOADGEN
 from tcp_proxy import TcpProxy
 
 from stepwatch.exporters.events import ScoreEvent

@@ -263,8 +263,6 @@ async def test_missing_and_wrong_tokens_are_rejected_and_counted_on_both_protoco
 # -- limits ----------------------------------------------------------------------------------------
 
 LIMITS = {
-    "max_message_bytes": 64 * 1024,
-    "max_http_body_bytes": 64 * 1024,
     "max_spans_per_request": 6,
     "max_attributes_per_span": 4,
     "max_attribute_value_length": 100,
@@ -272,6 +270,7 @@ LIMITS = {
     "max_steps_per_partition": 3,
 }
 PARTITION_LIMITS = {"max_spans_per_trace": 5, "max_traces_per_session": 2}  # buffer.*, metered the same
+SIZE_LIMITS = {"grpc": {"max_recv_message_bytes": 64 * 1024}, "http": {"max_body_bytes": 64 * 1024}}
 
 
 def limit_count(text: str, limit: str) -> float:
@@ -293,6 +292,7 @@ async def test_bad_input_catalogue_each_limit_once_valid_remainder_scored(
         tmp_path,
         {
             "security": {"limits": LIMITS},
+            "receivers": SIZE_LIMITS,
             "buffer": PARTITION_LIMITS,
             "expectations": {"file": str(expectations)},
         },
@@ -476,8 +476,8 @@ async def test_redacted_attributes_never_reach_the_buffer(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 async def test_a_size_refusal_names_the_limit_that_bound(tmp_path: Path, protocol: str) -> None:
-    """receivers.* and security.limits both cap a request's size; the message names the smaller."""
-    service = make_service(tmp_path, {"security": {"limits": LIMITS}})
+    """A request's size has one limit, on its receiver; the refusal names that key."""
+    service = make_service(tmp_path, {"security": {"limits": LIMITS}, "receivers": SIZE_LIMITS})
     await service.start()
     huge = request(trace(1, 1, extra={"blob": "x" * 80_000}))
     try:
@@ -499,5 +499,5 @@ async def test_a_size_refusal_names_the_limit_that_bound(tmp_path: Path, protoco
                 message = (await resp.read()).decode("latin-1")
     finally:
         await service.shutdown(grace=1.0)
-    key = "max_message_bytes" if protocol == "grpc" else "max_http_body_bytes"
-    assert f"security.limits.{key}" in message and "receivers." not in message
+    key = "receivers.grpc.max_recv_message_bytes" if protocol == "grpc" else "receivers.http.max_body_bytes"
+    assert key in message and "security.limits" not in message
