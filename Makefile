@@ -9,7 +9,7 @@ DEBS := $(VENV)/debs
 export CARGO_TARGET_DIR ?= $(CURDIR)/.cache/cargo-target
 NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 
-.PHONY: setup runtime system-deps rust serve test lint bench
+.PHONY: setup runtime system-deps rust serve test lint bench otelcol
 
 # Runtime dependencies only: what `stepwatch serve` imports (and the native core it builds).
 $(BIN)/.runtime: pyproject.toml $(NATIVE_SOURCES) | rust
@@ -61,11 +61,16 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: setup system-deps
+test: setup system-deps otelcol
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	MYPY=$(abspath $(BIN))/mypy .ci/typecheck
 	$(BIN)/pytest -q
+
+# The real OpenTelemetry Collector the tests run (tests/collector), built with its builder (ocb)
+# from deploy/otelcol/builder.yaml into .cache/otelcol/<manifest hash>/; a no-op once cached.
+otelcol:
+	bash deploy/otelcol/build.sh >/dev/null
 
 # Benchmarks are run on demand, never in CI; each prints medians and compares with its floor.
 bench: setup

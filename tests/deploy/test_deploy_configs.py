@@ -268,6 +268,7 @@ def _assert_pipelines_reference_defined_components(config: dict[str, Any]) -> No
 
 
 def test_collector_load_balances_traces_by_trace_id_and_sessions_by_session_id() -> None:
+    """The shape of the shipped routing; tests/collector/test_loadbalancing.py runs it for real."""
     objects = _k8s_objects()
     relay = yaml.safe_load(objects[("ConfigMap", "otelcol-loadbalancing")]["data"]["relay.yaml"])
     _assert_pipelines_reference_defined_components(relay)
@@ -275,7 +276,7 @@ def test_collector_load_balances_traces_by_trace_id_and_sessions_by_session_id()
     by_trace, by_session = exporters["load_balancing/trace"], exporters["load_balancing/session"]
     assert by_trace["routing_key"] == "traceID"
     assert by_session["routing_key"] == "attributes"
-    assert by_session["routing_attributes"] == ["session.id"]
+    assert by_session["routing_attributes"] == ["session.id", "gen_ai.conversation.id"]
     namespace = yaml.safe_load((K8S / "kustomization.yaml").read_text())["namespace"]
     for exporter in (by_trace, by_session):
         assert exporter["resolver"]["dns"]["hostname"] == f"stepwatch-headless.{namespace}.svc.cluster.local"
@@ -288,11 +289,13 @@ def test_collector_load_balances_traces_by_trace_id_and_sessions_by_session_id()
     dropped_by_trace = relay["processors"]["filter/drop-session-spans"]["traces"]["span"]
     dropped_by_session = relay["processors"]["filter/keep-session-spans"]["traces"]["span"]
     assert set(dropped_by_trace) == {
-        'attributes["session.id"] != nil',
-        'resource.attributes["session.id"] != nil',
+        f'{scope}attributes["{key}"] != nil'
+        for scope in ("", "resource.")
+        for key in ("session.id", "gen_ai.conversation.id")
     }
     assert dropped_by_session == [
-        'attributes["session.id"] == nil and resource.attributes["session.id"] == nil'
+        'attributes["session.id"] == nil and resource.attributes["session.id"] == nil and '
+        'attributes["gen_ai.conversation.id"] == nil and resource.attributes["gen_ai.conversation.id"] == nil'
     ]
     gateway = objects[("Deployment", "otelcol-gateway")]
     volumes = gateway["spec"]["template"]["spec"]["volumes"]
