@@ -192,11 +192,14 @@ def test_score_metrics_and_events_reach_the_collector(otelcol_binary: Path, tmp_
     last_scores = {
         (ls["metric"], ls["task_key"], ls["partition_type"]): v
         for (name, labels), v in prometheus.items()
-        if name == "stepwatch_evaluation_last_score"
+        if name == "stepwatch_evaluation_last_score_ratio"
         for ls in [dict(labels)]
     }
+    # the last-score gauge covers the 0-1 quality scores (plan_adherence / 100), not the statistics
+    assert any(series[0] == "agent.step_accuracy" for series in last_scores)
     for series, values in scores.items():
         count, total = histogram[series]
         assert count == len(values) and total == pytest.approx(sum(values)), series
-        if len(values) == 1:
-            assert last_scores[series] == pytest.approx(values[0]), series
+        if len(values) == 1 and not series[0].startswith("trajectory."):
+            scale = 100.0 if series[0] == "plan_adherence" else 1.0
+            assert last_scores[series] == pytest.approx(values[0] / scale), series
