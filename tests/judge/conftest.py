@@ -18,10 +18,10 @@ from stepwatch.evaluator.trajectory import Trajectory
 from stepwatch.receiver.openinference_json import decode_openinference
 
 _HERE = str(Path(__file__).resolve().parent)
-if _HERE not in sys.path:  # fake_openai.py and llama_fixture.py, importable from the judge tests
+if _HERE not in sys.path:  # llama_fixture.py, importable from the judge tests
     sys.path.insert(0, _HERE)
 
-from fake_openai import fake  # noqa: E402, F401  (the fake Chat Completions server fixture)
+from fake_openai import fake  # noqa: E402, F401  (tests/fake_openai.py: the fake server fixture)
 
 DATA = Path(__file__).parent / "data"
 

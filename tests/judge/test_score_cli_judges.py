@@ -138,7 +138,9 @@ def test_openai_judge_from_the_cli(tmp_path, tokyo_trace, capsys, fake_openai, m
         ]
     )
     got = records(capsys.readouterr().out)
-    assert code == 0
+    # the Tokyo rows cannot feed trajectory_steps (no expected trajectory): asked for by name, an error
+    assert got["tokyo-inline"]["trajectory_steps"]["error"].startswith("no expected_trajectory")
+    assert code == 1
     result = got["refund"]["trajectory_steps"]
     assert result["score"] == pytest.approx((0.97 + 0.97 + 0.03) / 3 * (0.7 + 0.3 * 0.97), abs=1e-3)
     assert len(received) == 1 and all(body["model"] == "m" for body in received)  # one per trajectory
