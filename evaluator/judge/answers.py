@@ -50,23 +50,31 @@ def _p_yes(entry: Mapping[str, Any]) -> float | None:
     return yes / (yes + no) if yes + no > 0 else None
 
 
-def from_logprobs(content: Sequence[Any]) -> dict[str, float]:
-    """p(yes) by line key, for each line whose answer token follows its colon."""
+def from_logprobs(content: Sequence[Any], lines: Sequence[str] = ()) -> dict[str, float]:
+    """p(yes) by line key, for each line whose answer token follows its colon.
+
+    A line restated exactly (`E1. note: no refund`) has its answer after the whole restatement,
+    not after a colon inside the step's own text; other lines take the first colon-answer.
+    """
+    exact = {f"{line}:": _line_key(line) for line in lines}
     found: dict[str, float] = {}
+    loose: dict[str, float] = {}
     text = ""
     for entry in content:
         if not isinstance(entry, Mapping) or not isinstance(entry.get("token"), str):
             raise JudgeMalformed(f"unreadable logprobs entry: {entry!r}"[:160])
         token = entry["token"]
-        line = text.rsplit("\n", 1)[-1]
-        if _word(token) in YES_TOKENS | NO_TOKENS and line.rstrip().endswith(":"):
+        line = text.rsplit("\n", 1)[-1].strip()
+        if _word(token) in YES_TOKENS | NO_TOKENS and line.endswith(":"):
             key = _line_key(line)
-            if key is not None and key not in found:
-                p = _p_yes(entry)
-                if p is not None:
+            p = _p_yes(entry) if key is not None else None
+            if p is not None and key is not None:
+                if exact.get(line.lstrip("*# ")) == key and key not in found:
                     found[key] = p
+                elif key not in loose:
+                    loose[key] = p
         text += token
-    return found
+    return {**loose, **found}
 
 
 def from_text(text: str) -> dict[str, bool]:
@@ -81,12 +89,13 @@ def from_text(text: str) -> dict[str, bool]:
 
 
 def read_answers(
-    choice: Mapping[str, Any], keys: Sequence[str], require_logprobs: bool = False
+    choice: Mapping[str, Any], keys: Sequence[str], require_logprobs: bool = False, lines: Sequence[str] = ()
 ) -> list[Answer]:
-    """One Answer per key, in order; JudgeMalformed when a key has no readable answer."""
+    """One Answer per key, in order; JudgeMalformed when a key has no readable answer. `lines`: the
+    answer lines as asked (`E1. look up order`), to find answers after an exact restatement."""
     logprobs = choice.get("logprobs")
     content = logprobs.get("content") if isinstance(logprobs, Mapping) else None
-    probabilities = from_logprobs(content) if isinstance(content, list) else {}
+    probabilities = from_logprobs(content, lines) if isinstance(content, list) else {}
     message = choice.get("message") or {}
     text = str(message.get("content") or "") if isinstance(message, Mapping) else ""
     texts = from_text(text) if len(probabilities) < len(keys) else {}

@@ -226,7 +226,7 @@ class OpenAIJudge:
         if budget is not None:
             budget.spend_usd(cost)
         try:
-            answers = tuple(read_answers(choice, group.keys, self.config.require_logprobs))
+            answers = tuple(read_answers(choice, group.keys, self.config.require_logprobs, group.lines))
         except JudgeMalformed:
             self.stats.count("malformed")
             raise

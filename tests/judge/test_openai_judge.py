@@ -369,3 +369,20 @@ def test_fake_completion_round_trips_through_the_reader():
     choice = completion_for(["E1. a", "order"], [0.25, 0.75])["choices"][0]
     assert [a.p for a in read_answers(choice, ["E1", "order"])] == [pytest.approx(0.25), pytest.approx(0.75)]
     assert json.loads(json.dumps(body))["object"] == "chat.completion"
+
+
+def test_an_answer_is_read_after_the_exact_restatement_not_a_colon_inside_the_step():
+    """`E1. note: no refund: yes`: the step's own "note: no" is not its answer."""
+    from stepwatch.evaluator.judge.answers import read_answers
+
+    line = "E1. note: no refund"
+    choice = completion_for(["E1. note", "order"], [0.1, 0.8])["choices"][0]  # tokens for "E1. note:" " no"
+    content = choice["logprobs"]["content"]
+    restated = [
+        {**content[1], "token": " refund:"},
+        *completion_for([line], [0.9])["choices"][0]["logprobs"]["content"][1:],
+    ]
+    choice["logprobs"]["content"] = [content[0], content[1], *restated, *content[2:]]
+    choice["message"]["content"] = f"{line}: yes\norder: yes"
+    [first, order] = read_answers(choice, ["E1", "order"], lines=[line, "order"])
+    assert first.p == pytest.approx(0.9) and order.p == pytest.approx(0.8)
