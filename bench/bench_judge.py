@@ -71,7 +71,10 @@ def scoring_input(item: dict[str, Any]) -> ScoringInput:
     return ScoringInput(partition, [], Trajectory(), None, None, extras=extras)
 
 
-async def run_once(items: list[dict[str, Any]], judge: Judge, deadline_s: float) -> RunResult:
+async def run_once(
+    items: list[dict[str, Any]], judge: Judge, deadline_s: float, progress: bool = False
+) -> RunResult:
+    """One pass over `items`; `progress` prints each trajectory's answers to stderr as they come."""
     from stepwatch.evaluator.judge.governor import JudgeGovernor
 
     runner = JudgeRunner(judge=judge, governor=JudgeGovernor(deadline_s=deadline_s))
@@ -89,6 +92,24 @@ async def run_once(items: list[dict[str, Any]], judge: Judge, deadline_s: float)
                 out.steps += len(item["expected"])
                 out.misses.append(f"{item['id']}: not scored: {result.not_scored or result.error}")
                 continue
+            if progress:
+                rows = [
+                    (r["step"], label, r["probability"])
+                    for r, (_, label) in zip(result.metadata["details"], item["expected"], strict=True)
+                ]
+                order = (item["order"], result.metadata["p_order"])
+                print(
+                    json.dumps(
+                        {
+                            "id": item["id"],
+                            "seconds": round(out.latencies[-1], 2),
+                            "steps": rows,
+                            "order": order,
+                        }
+                    ),
+                    file=sys.stderr,
+                    flush=True,
+                )
             for row, (step, label) in zip(result.metadata["details"], item["expected"], strict=True):
                 out.steps += 1
                 hit = row["performed"] == bool(label)
@@ -172,7 +193,7 @@ def main() -> int:
         runs = []
         for number in range(1, args.runs + 1):
             judge = OpenAIJudge(OpenAIJudgeConfig(base_url=base_url, model=model, **config), environ={})
-            runs.append(asyncio.run(run_once(items, judge, args.timeout * 2)))
+            runs.append(asyncio.run(run_once(items, judge, args.timeout * 2, progress=True)))
             print(
                 f"run {number}: accuracy {runs[-1].correct / runs[-1].steps:.3f} in {runs[-1].seconds:.1f}s",
                 file=sys.stderr,
