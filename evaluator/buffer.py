@@ -15,6 +15,9 @@ Lifecycle of a trace:
 - A closed partition is remembered for `late_span_window`: spans that arrive for it are counted
   late and (while its spans are retained, bounded by `max_retained_spans`) trigger a re-score
   emitted as the next revision once they stop arriving for `trace_idle_timeout`.
+- Every closed trace's span ids are in the decision ledger (evaluator/ledger.py): a span it already
+  holds (a client retry, a Kafka redelivery, a replayed log record) is a duplicate, never late; a
+  span it cannot vouch for (evicted, or past the late window) is late and left out.
 
 All times are arrival times on an injected monotonic clock, never span timestamps. The class is
 thread-safe (one lock): receivers call `offer()` on the event loop, the worker calls back.
@@ -28,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .accounting import SpanAccounting
+from .ledger import DecisionLedger, LedgerLimits
 from .model import PartitionType
 
 SpanRecord = tuple[bytes, bytes, int, bytes, object]
@@ -64,6 +68,10 @@ class Admission:
     limit: int = 0
     full: bool = False
     """Nothing was taken: the buffer is at `max_buffered_spans`; the client should retry later."""
+    taken: list[SpanRecord] | None = None
+    """The records kept (open, awaiting routing, in an open session, or held for a revision) when
+    some were not (duplicates, late spans left out, limit); None when every record was kept. What a
+    write-ahead log must hold: a replay re-offers exactly these."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,10 +154,14 @@ class PartitionBuffer:
         limits: BufferLimits,
         accounting: SpanAccounting,
         clock: Callable[[], float],
+        ledger: DecisionLedger | None = None,
     ) -> None:
         self.limits = limits
         self.accounting = accounting
         self._now = clock
+        self.ledger = ledger or DecisionLedger(
+            LedgerLimits(retention=max(LedgerLimits().retention, limits.late_span_window)), clock
+        )
         self._lock = threading.Lock()
         self._traces: OrderedDict[bytes, _OpenTrace] = OrderedDict()  # least recently active first
         self._traces_by_age: dict[bytes, _OpenTrace] = {}  # oldest first
@@ -167,8 +179,11 @@ class PartitionBuffer:
 
     # -- ingest (event loop) ------------------------------------------------------------------
 
-    def offer(self, records: Sequence[SpanRecord]) -> Admission:
-        """Buffer a batch of valid spans, all or nothing when full (so a client retry loses nothing)."""
+    def offer(self, records: Sequence[SpanRecord], duplicate_source: str = "received") -> Admission:
+        """Buffer a batch of valid spans, all or nothing when full (so a client retry loses nothing).
+
+        `duplicate_source` labels the duplicates counted (`received`: a client retry or a Kafka
+        redelivery; `replayed`: a write-ahead-log record of spans already scored)."""
         adm = Admission()
         limits = self.limits
         with self._lock:
@@ -177,15 +192,20 @@ class PartitionBuffer:
                 adm.full = True
                 return adm
             traces = self._traces
+            closed_traces = self._closed_traces
+            seen = self.ledger.get
             max_spans = limits.max_spans_per_trace
             touched: dict[bytes, _OpenTrace] = {}
+            skipped: list[SpanRecord] = []
+            added: dict[bytes, list[bytes]] = {}
             for rec in records:
                 trace_id = rec[0]
                 trace = traces.get(trace_id)
                 if trace is None:
-                    part = self._closed_traces.get(trace_id)
-                    if part is not None:
-                        self._after_close(part, rec, now, adm)
+                    part = closed_traces.get(trace_id)
+                    if part is not None or seen(trace_id) is not None:
+                        if not self._after_close(part, rec, now, adm, added):
+                            skipped.append(rec)
                         continue
                     trace = _OpenTrace(trace_id, now)
                     traces[trace_id] = trace
@@ -193,6 +213,7 @@ class PartitionBuffer:
                 span_ids = trace.span_ids
                 if rec[1] in span_ids:
                     adm.duplicates += 1
+                    skipped.append(rec)
                     continue
                 span_ids.add(rec[1])
                 trace.records.append(rec)
@@ -207,47 +228,72 @@ class PartitionBuffer:
             for trace_id, trace in touched.items():
                 trace.last = now
                 traces.move_to_end(trace_id)
+            for trace_id, new_ids in added.items():
+                self.ledger.add(trace_id, new_ids)
+            if skipped:
+                left_out = set(map(id, skipped))
+                adm.taken = [rec for rec in records if id(rec) not in left_out]
             self._buffered += adm.accepted
             acc = self.accounting
             if adm.late:
                 acc.late += adm.late
             if adm.duplicates:
-                acc.rejected["duplicate"] += adm.duplicates
+                acc.duplicates[duplicate_source] += adm.duplicates
             if adm.limit:
                 acc.rejected["limit"] += adm.limit
         return adm
 
-    def _after_close(self, part: _Part, rec: SpanRecord, now: float, adm: Admission) -> None:
-        """A span for a trace that already closed: pending routing, in an open session, or late."""
+    def _after_close(
+        self, part: _Part | None, rec: SpanRecord, now: float, adm: Admission, added: dict[bytes, list[bytes]]
+    ) -> bool:
+        """A span for a trace that already closed: a duplicate, pending routing, in an open session,
+        or late. Returns whether the record was kept."""
+        trace_id, span_id = rec[0], rec[1]
+        seen = self.ledger.get(trace_id)
+        more = added.get(trace_id)
+        if (seen is not None and span_id in seen) or (more is not None and span_id in more):
+            adm.duplicates += 1
+            return False
+        if part is None or seen is None:
+            # past the late window (the ledger still knows the trace was scored), or the ledger
+            # evicted the trace: no revision can be told apart from a retry, so none is made
+            adm.late += 1
+            return False
+        if more is None:
+            more = added[trace_id] = []
+        more.append(span_id)
         if part.limited:
             adm.limit += 1
-        elif part.state == "pending":
+            return False
+        if part.state == "pending":
             part.pending.append(rec)
             part.last = now
             adm.accepted += 1
-        elif part.state == "open":  # the trace joined a session that is still open
+            return True
+        if part.state == "open":  # the trace joined a session that is still open
             part.records.append(rec)
             part.last = now
             self._sessions.move_to_end(part.key)
             adm.accepted += 1
-        else:
-            adm.late += 1
-            self._late(part, [rec], now)
+            return True
+        adm.late += 1
+        return self._late(part, [rec], now)
 
-    def _late(self, part: _Part, records: list[SpanRecord], now: float) -> None:
+    def _late(self, part: _Part, records: list[SpanRecord], now: float) -> bool:
         """Late spans (already counted): keep them for a revision while the part is retained."""
         if not part.retained:
-            return
+            return False
         if self._retained + len(records) > self.limits.max_retained_spans:
             self._evict_retained(len(records), keep=part)
             if self._retained + len(records) > self.limits.max_retained_spans:
-                return
+                return False
         part.records = [*part.records, *records]  # copy on write: emitted snapshots stay intact
         self._retained += len(records)
         part.last = now
         if part.revision_due is None:
             self._revisions.append(part)
         part.revision_due = now + self.limits.trace_idle_timeout
+        return True
 
     # -- close detection (event loop) -----------------------------------------------------------
 
@@ -310,6 +356,7 @@ class PartitionBuffer:
         part.trace_ids.append(trace.trace_id)
         part.limited = reason == "limit"
         self._closed_traces[trace.trace_id] = part
+        self.ledger.closed(trace.trace_id, trace.span_ids, part.key)
         return ClosedPartition(
             partition_type="trace",
             partition_id=part.key,
@@ -329,6 +376,7 @@ class PartitionBuffer:
         session.closed_at = now
         session.limited = reason == "limit"
         self._closed_sessions[session.key] = session
+        self.ledger.session_closed(session.key)
         self._closed.append(session)
         self._retain(session)
         return ClosedPartition(
@@ -355,6 +403,10 @@ class PartitionBuffer:
     def _revision(self, part: _Part) -> ClosedPartition:
         part.revision += 1
         part.revision_due = None
+        if part.kind == "session":
+            self.ledger.session_closed(part.key, part.revision)
+        for trace_id in part.trace_ids:
+            self.ledger.revised(trace_id, part.revision)
         return ClosedPartition(
             partition_type=part.kind,
             partition_id=part.key,
@@ -382,6 +434,7 @@ class PartitionBuffer:
             if part.kind == "session" and self._closed_sessions.get(part.key) is part:
                 del self._closed_sessions[part.key]
             self._unretain(part)
+        self.ledger.expire()
 
     # -- retention of closed partitions for revisions --------------------------------------------
 
@@ -453,7 +506,22 @@ class PartitionBuffer:
             trace_part = self._handle(closed)
             records = [*closed.records, *trace_part.pending]
             trace_id = trace_part.trace_ids[0]
+            self.ledger.moved(trace_id, session_id)
             session = self._sessions.get(session_id)
+            if (
+                session is None
+                and session_id not in self._closed_sessions
+                and self.ledger.session_revision(session_id) is not None
+            ):
+                # the session was scored before its late window ended here (or before a restart):
+                # a fresh revision 0 of part of it would be a wrong score, so the trace is late
+                trace_part.state = "closed"
+                trace_part.closed_at = now
+                trace_part.pending = []
+                self._closed.append(trace_part)
+                self._buffered -= len(records)
+                self.accounting.late += len(records)
+                return []
             if session is None and session_id in self._closed_sessions:
                 session = self._closed_sessions[session_id]
                 self._closed_traces[trace_id] = session

@@ -6,17 +6,22 @@ can fix the file from one line. A store is immutable; reloading builds a new one
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import typing
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from .expectation import Expectation
+from .rules import RULE_KEYS
+from .suggest import did_you_mean
 
 
 class ExpectationsError(ValueError):
@@ -135,11 +140,37 @@ def _line(error: ErrorDetails) -> str:
     where = _where(error["loc"])
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
-        message = "unknown field"
+        message = f"unknown field{did_you_mean(str(error['loc'][-1]), _field_names())}"
     elif error["type"] == "rule_kind":
         message += f", got {json.dumps(error['input'], default=str)[:80]}"
+        if isinstance(error["input"], dict):
+            unknown = [str(key) for key in error["input"] if key not in RULE_KEYS]
+            message += "".join(did_you_mean(key, RULE_KEYS) for key in unknown)
     names_itself = message.startswith((f"{where}[", f"{where} "))  # e.g. expected_steps[1] is ...
     return f"{where}: {message}" if where and not names_itself else message
+
+
+@functools.cache
+def _field_names() -> frozenset[str]:
+    """Every field name (and alias) of Expectation and the models inside it: what a misspelt key
+    is matched against."""
+    names: set[str] = set()
+    seen: set[type] = set()
+
+    def walk(annotation: Any) -> None:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            if annotation in seen:
+                return
+            seen.add(annotation)
+            for name, field in annotation.model_fields.items():
+                names.update(n for n in (name, field.alias) if n)
+                walk(field.annotation)
+            return
+        for arg in typing.get_args(annotation):
+            walk(arg)
+
+    walk(Expectation)
+    return frozenset(names)
 
 
 def _lines(exc: ValidationError) -> list[str]:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_NAME = "canonical_partition_v1"
+SCHEMA_NAME: Final = "canonical_partition_v1"
 
 PartitionType = Literal["trace", "session"]
 SpanKind = Literal["UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER"]

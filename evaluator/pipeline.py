@@ -178,14 +178,15 @@ def _is_coroutine_function(function: FunctionType) -> bool:
     return inspect.iscoroutinefunction(function)
 
 
-def _uses_expected_steps(scorer: Scorer) -> bool:
+def uses_expected_steps(scorer: Scorer) -> bool:
+    """Whether the scorer reads the expected steps (step_accuracy by default; others declare it)."""
     return bool(getattr(scorer, "uses_expected_steps", scorer.name == STEP_ACCURACY))
 
 
 def _pre_result(inp: ScoringInput, scorer: Scorer) -> ScoreResult | None:
     """A result decided without running the scorer (bad annotation), else None."""
     error = inp.extras.get(EXPECTED_STEPS_ERROR)
-    if error is not None and _uses_expected_steps(scorer):
+    if error is not None and uses_expected_steps(scorer):
         return ScoreResult(metric=scorer.name, error=str(error))
     return None
 
@@ -262,9 +263,12 @@ async def run_async_scorers(inp: ScoringInput, scorers: Sequence[Scorer]) -> lis
     )
     by_scorer: dict[int, list[ScoreResult]] = {}
     for scorer, result in zip(async_, gathered[: len(async_)], strict=True):
+        assert not isinstance(result, dict)  # the async scorers' results come first
         by_scorer[id(scorer)] = [result] if result is not None else []
     if sync_task is not None:
-        by_scorer.update(gathered[-1])
+        keyed = gathered[-1]
+        assert isinstance(keyed, dict)  # the sync batch's results keyed by scorer
+        by_scorer.update(keyed)
     return [result for scorer in scorers for result in by_scorer.get(id(scorer), [])]
 
 

@@ -50,7 +50,7 @@ def new_result(metric: str, **given: Any) -> ScoreResult:
     `passed`, a float threshold, str texts, and a fresh metadata dict that the result then owns
     (validation would copy it). Fields set are `metric` and the names given, as validation records.
     """
-    values = {
+    values: dict[str, object] = {
         "metric": metric,
         "score": None,
         "passed": None,

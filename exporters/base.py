@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -44,6 +44,9 @@ class PartitionScores:
     """When the partition's last span arrived (monotonic), for last-span-to-score latency."""
     attributes: dict[str, str] = field(default_factory=dict)
     """Extra context for exporters (e.g. tenant); never used as a metric label by default."""
+    scored_spans: Mapping[bytes, bytes] = field(default_factory=dict, repr=False, compare=False)
+    """Buffer key of each trace -> the span ids this revision scored (sorted, 8 bytes each): what
+    the service records as decided once every exporter has handled the event. Exporters ignore it."""
 
 
 @runtime_checkable

@@ -1,5 +1,8 @@
-"""Histogram bucket boundaries shared by the Prometheus and OTel score histograms, so the two views
-of one score cannot drift apart."""
+"""Histogram bucket boundaries of the OTel score histogram (`gen_ai.evaluation.score`, unit 1).
+
+The Prometheus score families have their own, one set per unit (score_families.py); the OTel
+instrument is one histogram for every `gen_ai.evaluation.name`, so it keeps one wide layout.
+"""
 
 SCORE_BUCKETS: tuple[float, ...] = (
     0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0,

@@ -16,14 +16,12 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_serializer, field_validator
 
 from .. import __version__
+from ..evaluator.content import strip_content
 from ..evaluator.model import Partition
 from ..evaluator.results import ScoreResult
 
 SCHEMA_VERSION = 1
 """Bumped only on a breaking change (a field removed, renamed or retyped); additions keep it."""
-
-PAYLOAD_KEYS = frozenset({"input", "output"})
-"""Keys stripped (at any depth) from `details` unless payloads are explicitly included."""
 
 Outcome = Literal["pass", "fail", "error", "not_scored"]
 
@@ -104,15 +102,6 @@ def compute_event_id(
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
-def strip_payloads(value: Any) -> Any:
-    """Drop `input`/`output` keys at any depth: step payloads may hold user data."""
-    if isinstance(value, dict):
-        return {k: strip_payloads(v) for k, v in value.items() if k not in PAYLOAD_KEYS}
-    if isinstance(value, list | tuple):
-        return [strip_payloads(v) for v in value]
-    return value
-
-
 def _jsonable(value: Any) -> Any:
     """Plain JSON values only: scorer metadata may hold tuples, sets, NaN or arbitrary objects."""
     if value is None or isinstance(value, bool | int | str):
@@ -161,7 +150,7 @@ def make_score_event(
     scored_at: datetime,
 ) -> ScoreEvent:
     """One ScoreResult on one partition revision as the event every score stream receives."""
-    details = result.metadata if include_payloads else strip_payloads(result.metadata)
+    details = strip_content(result.metadata, include_payloads)
     score = result.score
     error = result.error
     if score is not None and not math.isfinite(score):

@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 from stepwatch.evaluator.accounting import SpanAccounting
 
 from .base import PartitionScores
-from .buckets import SCORE_BUCKETS
+from .score_families import FAMILIES, RATIO, exposed_value, family_of
 from .task_keys import UNREGISTERED, TaskKeyCap
 
 GENERIC_LATENCY_BUCKETS: tuple[float, ...] = (
@@ -61,6 +61,10 @@ class BufferGauges:
     scoring_backlog_spans: int = 0
     held_requests: int = 0
     held_seconds: float = 0.0
+    ledger_entries: int = 0
+    ledger_bytes: int = 0
+    ledger_bytes_limit: int = 0
+    ledger_evictions: int = 0
 
 
 class _IngestCollector(Collector):
@@ -87,7 +91,10 @@ class _IngestCollector(Collector):
         rejected = CounterMetricFamily(
             "stepwatch_spans_rejected", "Spans refused, by reason.", labels=["reason"]
         )
-        for reason, count in sorted(acc.rejected.items()):
+        reasons = dict(acc.rejected)
+        if acc.scoring_errors:
+            reasons["scoring_error"] = reasons.get("scoring_error", 0) + acc.scoring_errors
+        for reason, count in sorted(reasons.items()):
             rejected.add_metric([reason], count)
         yield rejected
         requests = CounterMetricFamily(
@@ -98,6 +105,20 @@ class _IngestCollector(Collector):
         for reason, count in sorted(acc.requests_rejected.items()):
             requests.add_metric([reason], count)
         yield requests
+        duplicates = CounterMetricFamily(
+            "stepwatch_spans_duplicate",
+            "Spans whose id was already taken for their trace, ignored (received: a client retry or "
+            "Kafka redelivery; replayed: a write-ahead-log record of spans already scored).",
+            labels=["source"],
+        )
+        for source in ("received", "replayed"):
+            duplicates.add_metric([source], acc.duplicates.get(source, 0))
+        yield duplicates
+        yield CounterMetricFamily(
+            "stepwatch_spans_replayed",
+            "Spans read back from the write-ahead log at start-up.",
+            value=acc.replayed,
+        )
         yield CounterMetricFamily(
             "stepwatch_spans_late", "Spans that arrived after their partition closed.", value=acc.late
         )
@@ -128,6 +149,22 @@ class _IngestCollector(Collector):
         )
         yield GaugeMetricFamily(
             "stepwatch_buffered_spans_limit", "buffer.max_buffered_spans.", value=gauges.buffered_spans_limit
+        )
+        yield GaugeMetricFamily(
+            "stepwatch_ledger_entries",
+            "Closed traces whose span ids the decision ledger remembers (retries are duplicates).",
+            value=gauges.ledger_entries,
+        )
+        yield GaugeMetricFamily(
+            "stepwatch_ledger_bytes", "Estimated memory of the decision ledger.", value=gauges.ledger_bytes
+        )
+        yield GaugeMetricFamily(
+            "stepwatch_ledger_bytes_limit", "ledger.max_bytes.", value=gauges.ledger_bytes_limit
+        )
+        yield CounterMetricFamily(
+            "stepwatch_ledger_evictions",
+            "Decision-ledger entries dropped at ledger.max_bytes before their retention ran out.",
+            value=gauges.ledger_evictions,
         )
         partitions = GaugeMetricFamily(
             "stepwatch_buffered_partitions", "Open partitions.", labels=["partition_type"]
@@ -194,16 +231,28 @@ class PrometheusExporter:
         self._counted: dict[tuple[str, ...], Any] = {}
         """`stepwatch_evaluations_total` children by label values (outcome last): labels() costs
         far more than inc(), and this is every child that family has, so a removed key is found here."""
-        self._scored: dict[tuple[str, ...], tuple[Any, Any]] = {}
-        """(`stepwatch_evaluation_last_score`, `stepwatch_evaluation_score`) children by label values;
-        only for label sets that had a score, as before (labels() alone would expose an empty series)."""
+        self._scored: dict[tuple[str, ...], tuple[Any, ...]] = {}
+        """Score children by (metric, *labels): (histogram, last-score gauge) for the ratio family,
+        (histogram,) for the statistics; only for label sets that had a score (labels() alone would
+        expose an empty series)."""
         labels = ["metric", "task_key", "partition_type", *(["tenant"] if tenant_label else [])]
         self.last_score = Gauge(
-            "stepwatch_evaluation_last_score", "The latest score.", labels, registry=self.registry
+            "stepwatch_evaluation_last_score_ratio",
+            "The latest quality score, 0-1 (plan_adherence divided by 100).",
+            labels,
+            registry=self.registry,
         )
-        self.score = Histogram(
-            "stepwatch_evaluation_score", "The scores.", labels, buckets=SCORE_BUCKETS, registry=self.registry
-        )
+        self.histograms = {
+            family.name: Histogram(
+                family.name,
+                family.documentation,
+                labels if family.per_metric else labels[1:],
+                buckets=family.buckets,
+                registry=self.registry,
+            )
+            for family in FAMILIES
+        }
+        self.score = self.histograms[RATIO.name]
         self.evaluations = Counter(
             "stepwatch_evaluations", "Evaluations by outcome.", [*labels, "outcome"], registry=self.registry
         )
@@ -263,8 +312,12 @@ class PrometheusExporter:
             self.evaluations.remove(*key)
         for key in [key for key in self._scored if key[1] in gone_labels]:
             del self._scored[key]
-            self.last_score.remove(*key)
-            self.score.remove(*key)
+            family = family_of(key[0])
+            if family.per_metric:
+                self.last_score.remove(*key)
+                self.histograms[family.name].remove(*key)
+            else:
+                self.histograms[family.name].remove(*key[1:])
         return sorted(gone)
 
     async def start(self) -> None:
@@ -288,14 +341,22 @@ class PrometheusExporter:
                 if score is not None:
                     children = scored.get(labels)
                     if children is None:
-                        children = scored[labels] = (
-                            self.last_score.labels(*labels),
-                            self.score.labels(*labels),
-                        )
-                    children[0].set(score)
-                    children[1].observe(score)
+                        children = scored[labels] = self._score_children(labels)
+                    value = exposed_value(result.metric, score)
+                    children[0].observe(value)
+                    if len(children) > 1:
+                        children[1].set(value)
             if event.last_span_monotonic:
                 self.score_latency.observe(max(0.0, now - event.last_span_monotonic))
+
+    def _score_children(self, labels: tuple[str, ...]) -> tuple[Any, ...]:
+        """(histogram, last-score gauge) children for a ratio metric, (histogram,) for a statistic,
+        whose family has no `metric` label."""
+        family = family_of(labels[0])
+        histogram = self.histograms[family.name]
+        if family.per_metric:
+            return (histogram.labels(*labels), self.last_score.labels(*labels))
+        return (histogram.labels(*labels[1:]),)
 
     async def shutdown(self) -> None:
         return None
@@ -313,7 +374,10 @@ class MetricsServer:
         *,
         ssl_context: ssl.SSLContext | None = None,
         middlewares: Sequence[Any] = (),
+        routes: Sequence[tuple[str, Callable[[web.Request], Any]]] = (),
     ) -> None:
+        """`routes`: more GET pages on this port (the debug pages), behind the same middlewares."""
+        self._routes = list(routes)
         self._ssl = ssl_context
         self._middlewares = list(middlewares)
         self._registry = registry
@@ -328,10 +392,20 @@ class MetricsServer:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
+        for path, handler in self._routes:
+            app.router.add_get(path, handler)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True, ssl_context=self._ssl)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            reason = (exc.strerror or str(exc)).rsplit(": ", 1)[
+                -1
+            ]  # asyncio: "error while ... on (addr): why"
+            raise OSError(
+                exc.errno, f"metrics endpoint cannot bind {self._host}:{self._port}: {reason}"
+            ) from exc
         server = site._server
         sockets = getattr(server, "sockets", None) or []
         if sockets:

@@ -14,7 +14,9 @@ RetryInfo travels both in `grpc-status-details-bin` (google.rpc.Status details) 
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 from collections.abc import Callable, Sequence
 
 import grpc
@@ -30,6 +32,7 @@ from stepwatch.evaluator.accounting import SpanAccounting
 
 from .ingest import SpanSink
 from .outcome import ingest
+from .rejections import Rejection, rejection_of
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +69,14 @@ class OtlpGrpcReceiver:
         tenant: Callable[[], str] | None = None,
         on_too_large: Callable[[], None] | None = None,
         limit_key: str = "receivers.grpc.max_recv_message_bytes",
+        on_rejected: Callable[[Rejection], None] | None = None,
     ) -> None:
         """`credentials` (TLS), `interceptors` (auth) and `tenant` (the current call's tenant, set by
         an interceptor) come from the composition root, so this module needs no security imports.
         `on_too_large` meters requests over `max_recv_message_bytes` that gRPC lets through;
-        `limit_key` is the configuration key whose value that is, named in the refusal."""
+        `limit_key` is the configuration key whose value that is, named in the refusal;
+        `on_rejected` hears of every refusal (rejections.RejectionLog.record)."""
+        self._on_rejected = on_rejected
         self._credentials = credentials
         self._interceptors = list(interceptors)
         self._tenant = tenant
@@ -97,15 +103,28 @@ class OtlpGrpcReceiver:
         )
         handler = grpc.unary_unary_rpc_method_handler(self._export)  # raw bytes in and out
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Export": handler}),))
-        if self._credentials is not None:
-            port = server.add_secure_port(self._address, self._credentials)
-        else:
-            port = server.add_insecure_port(self._address)
+        if not self._address.endswith(":0"):
+            refusal = _bind_error(self._address)  # before grpc tries: its C core logs its own lines
+            if refusal is not None:
+                raise refusal
+        try:
+            if self._credentials is not None:
+                port = server.add_secure_port(self._address, self._credentials)
+            else:
+                port = server.add_insecure_port(self._address)
+        except RuntimeError:  # grpcio's "Failed to bind to address ...": no errno, no reason
+            port = 0
         if port == 0:
-            raise OSError(f"OTLP/gRPC receiver cannot bind {self._address}")
+            raise _bind_error(self._address) or OSError(
+                errno.EADDRNOTAVAIL, f"OTLP/gRPC receiver cannot bind {self._address}"
+            )
         self.port = port
         await server.start()
         self._server = server
+
+    def _rejected(self, rejection: Rejection) -> None:
+        if self._on_rejected is not None:
+            self._on_rejected(rejection)
 
     def _grpc_max(self) -> int:
         return min(2 * self._max_recv, 2**31 - 1) if self._on_too_large is not None else self._max_recv
@@ -115,20 +134,22 @@ class OtlpGrpcReceiver:
             if self._on_too_large is not None:
                 self._on_too_large()
             self._accounting.requests_rejected["too_large"] += 1
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"request of {len(data)} bytes is over the limit of {self._max_recv} bytes ({self._limit_key})",
-            )
+            message = f"request of {len(data)} bytes is over the limit of {self._max_recv} bytes ({self._limit_key})"
+            self._rejected(Rejection(PROTOCOL, "too_large", 0, message))
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
         try:
             request = ExportTraceServiceRequest.FromString(data)
         except DecodeError as exc:
             self._accounting.requests_rejected["decode"] += 1
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"request is not a valid OTLP ExportTraceServiceRequest ({exc})",
-            )
+            message = f"request is not a valid OTLP ExportTraceServiceRequest ({exc})"
+            self._rejected(Rejection(PROTOCOL, "decode", 0, message))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
         tenant = self._tenant() if self._tenant is not None else None
         outcome = await ingest(self._sink, request, PROTOCOL, tenant, data)
+        if self._on_rejected is not None:
+            rejection = rejection_of(PROTOCOL, outcome, request, tenant)
+            if rejection is not None:
+                self._on_rejected(rejection)
         if outcome.retry_after is not None:
             code = grpc.StatusCode.UNAVAILABLE if outcome.unavailable else grpc.StatusCode.RESOURCE_EXHAUSTED
             message = f"{outcome.message}; retry after the delay in RetryInfo"
@@ -145,3 +166,23 @@ class OtlpGrpcReceiver:
         if self._server is not None:
             server, self._server = self._server, None
             await server.stop(grace)
+
+
+def _bind_error(address: str) -> OSError | None:
+    """Why `address` cannot be bound, as the OS says it (grpcio only says that binding failed, and
+    its C core logs lines of its own): bind a plain socket there, with SO_REUSEADDR as gRPC does;
+    None when that works. The message reads like the HTTP and metrics listeners'."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, sockaddr = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(sockaddr)
+    except OSError as exc:
+        reason = (exc.strerror or str(exc)).lower()
+        return OSError(
+            exc.errno or errno.EADDRNOTAVAIL, f"OTLP/gRPC receiver cannot bind {address}: {reason}"
+        )
+    return None

@@ -32,6 +32,7 @@ from stepwatch.evaluator.accounting import SpanAccounting
 from .decoded import INVALID_SPAN, INVALID_TIMESTAMP
 from .ingest import SpanSink
 from .outcome import ingest
+from .rejections import Rejection, rejection_of
 
 PROTOCOL = "http"
 PROTOBUF = "application/x-protobuf"
@@ -160,10 +161,13 @@ class OtlpHttpReceiver:
         tenant: Callable[[web.Request], str] | None = None,
         on_too_large: Callable[[], None] | None = None,
         limit_key: str = "receivers.http.max_body_bytes",
+        on_rejected: Callable[[Rejection], None] | None = None,
     ) -> None:
         """TLS, auth middlewares and `tenant` (read from the request after the middleware ran) come
         from the composition root; `on_too_large` meters bodies refused with 413; `limit_key` is the
-        configuration key whose value `max_body_bytes` is, named in the 413 message."""
+        configuration key whose value `max_body_bytes` is, named in the 413 message; `on_rejected`
+        hears of every refusal (rejections.RejectionLog.record)."""
+        self._on_rejected = on_rejected
         self._ssl = ssl_context
         self._middlewares = list(middlewares)
         self._tenant = tenant
@@ -183,7 +187,15 @@ class OtlpHttpReceiver:
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, auto_decompress=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True, ssl_context=self._ssl)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            reason = (exc.strerror or str(exc)).rsplit(": ", 1)[
+                -1
+            ]  # asyncio: "error while ... on (addr): why"
+            raise OSError(
+                exc.errno, f"OTLP/HTTP receiver cannot bind {self._host}:{self._port}: {reason}"
+            ) from exc
         sockets = getattr(site._server, "sockets", None) or []
         if sockets:
             self.port = sockets[0].getsockname()[1]
@@ -197,18 +209,15 @@ class OtlpHttpReceiver:
         media = request.content_type
         if media not in (PROTOBUF, JSON):
             self._accounting.requests_rejected["media_type"] += 1
-            return _status(
-                415,
-                code_pb2.INVALID_ARGUMENT,
-                f"unsupported Content-Type {media!r}; use {PROTOBUF} or {JSON}",
-                JSON,
-            )
+            message = f"unsupported Content-Type {media!r}; use {PROTOBUF} or {JSON}"
+            self._rejected("media_type", message)
+            return _status(415, code_pb2.INVALID_ARGUMENT, message, JSON)
         encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in ("identity", "gzip", ""):
             self._accounting.requests_rejected["media_type"] += 1
-            return _status(
-                415, code_pb2.INVALID_ARGUMENT, f"unsupported Content-Encoding {encoding!r}; use gzip", media
-            )
+            message = f"unsupported Content-Encoding {encoding!r}; use gzip"
+            self._rejected("media_type", message)
+            return _status(415, code_pb2.INVALID_ARGUMENT, message, media)
         try:
             body = await self._read(request)
             if encoding == "gzip":
@@ -227,12 +236,18 @@ class OtlpHttpReceiver:
             self._accounting.requests_rejected["too_large"] += 1
             if self._on_too_large is not None:
                 self._on_too_large()
+            self._rejected("too_large", f"{exc} ({self._limit_key})")
             return _status(413, code_pb2.RESOURCE_EXHAUSTED, f"{exc} ({self._limit_key})", media)
         except BadRequest as exc:
             self._accounting.requests_rejected["decode"] += 1
+            self._rejected("decode", str(exc))
             return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), media)
         tenant = self._tenant(request) if self._tenant is not None else None
         outcome = await ingest(self._sink, otlp, PROTOCOL, tenant, encoded, refused)
+        if self._on_rejected is not None:
+            rejection = rejection_of(PROTOCOL, outcome, otlp, tenant)
+            if rejection is not None:
+                self._on_rejected(rejection)
         if outcome.retry_after is not None:
             status, code = (
                 (503, code_pb2.UNAVAILABLE) if outcome.unavailable else (429, code_pb2.RESOURCE_EXHAUSTED)
@@ -241,6 +256,10 @@ class OtlpHttpReceiver:
             return _status(status, code, message, media, retry_after=outcome.retry_after)
         assert outcome.response is not None
         return _message(200, outcome.response, media)
+
+    def _rejected(self, reason: str, message: str) -> None:
+        if self._on_rejected is not None:
+            self._on_rejected(Rejection(PROTOCOL, reason, 0, message))
 
     async def count_spans(self, request: web.Request) -> int:
         """Spans in a request refused before decoding (e.g. no valid token), for accounting.

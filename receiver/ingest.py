@@ -20,6 +20,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from stepwatch.evaluator.accounting import SpanAccounting
 from stepwatch.evaluator.buffer import ROOT_ENDED, Admission, SpanRecord
+from stepwatch.security.config import DEFAULT_TENANT_NAME
 
 from .framing import span_extents
 from .otlp_proto import span_rejection
@@ -29,8 +30,6 @@ from .wal_format import WalEntry
 
 _ZERO_TRACE_ID = bytes(16)
 _ZERO_SPAN_ID = bytes(8)
-DEFAULT_TENANT = "default"
-"""The implicit tenant (tenancy off, no auth, Kafka): its buffer keys are the bare trace ids."""
 REDACTED = "[REDACTED]"
 
 
@@ -66,7 +65,7 @@ class SpanSink(Protocol):
         self,
         request: ExportTraceServiceRequest,
         protocol: str,
-        tenant: str = DEFAULT_TENANT,
+        tenant: str = DEFAULT_TENANT_NAME,
         encoded: bytes | None = None,
         refused: Sequence[tuple[str, str]] = (),
     ) -> IngestResult:
@@ -211,7 +210,7 @@ class Ingestor:
         self,
         request: ExportTraceServiceRequest,
         protocol: str,
-        tenant: str = DEFAULT_TENANT,
+        tenant: str = DEFAULT_TENANT_NAME,
         encoded: bytes | None = None,
         refused: Sequence[tuple[str, str]] = (),
     ) -> IngestResult:
@@ -234,7 +233,7 @@ class Ingestor:
             total += over
             rejected["limit"] += over
             details["limit"] = f"over the per-request limit of {self.max_spans_per_request} spans"
-        if tenant != DEFAULT_TENANT and self.buffer_key is not None:
+        if tenant != DEFAULT_TENANT_NAME and self.buffer_key is not None:
             key = self.buffer_key
             records = [(key(tenant, r[0]), *r[1:]) for r in records]  # type: ignore[misc]
         acc = self.accounting
@@ -269,7 +268,7 @@ class Ingestor:
                     body = records_request_bytes(records)
                 else:
                     body = encoded if encoded is not None else request.SerializeToString()
-                payload = WalEntry(tenant if tenant != DEFAULT_TENANT else "", body).to_bytes()
+                payload = WalEntry(tenant if tenant != DEFAULT_TENANT_NAME else "", body).to_bytes()
                 if not wal.has_room(len(payload)):
                     acc.rejected["wal_full"] += len(records)
                     result.retry_after, result.refusal = self.retry_after, "wal_full"
@@ -279,11 +278,17 @@ class Ingestor:
                 acc.rejected["buffer_full"] += len(records)
                 result.retry_after, result.refusal = self.retry_after, "buffer_full"
                 return result
-            # a span that will never be scored (late with no revision to come, past a partition's
-            # limit) must not pin its log record: no score event would ever release it
+            # only the spans the buffer kept are logged (not duplicates, late spans left out, spans
+            # past a limit): a replay re-offers exactly what was kept, never a span already scored
+            taken = records if admission.taken is None else admission.taken
+            # a span that will never be scored (late with no revision to come) must not pin its log
+            # record: no score event would ever release it
             will_score = self.buffer.will_score
-            result.keys = frozenset(key for key in {rec[0] for rec in records} if will_score(key))
-            if wal is not None:
+            result.keys = frozenset(key for key in {rec[0] for rec in taken} if will_score(key))
+            if wal is not None and taken:
+                if admission.taken is not None:
+                    body = records_request_bytes(taken)
+                    payload = WalEntry(tenant if tenant != DEFAULT_TENANT_NAME else "", body).to_bytes()
                 ref, result.durable = wal.append_nowait(payload)
                 wal.track(ref, result.keys)
             if admission.limit:

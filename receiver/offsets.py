@@ -6,6 +6,12 @@ the first offset, per topic-partition, that it has spans from, until `release(ke
 scored and its events are handed to the exporters. The commit position of a topic-partition is its
 lowest held offset, or the next offset to read when nothing is held, so a crash replays every
 message that fed an unemitted partition and never skips one.
+
+A scored partition whose messages straddle the commit position would be re-read in part after a
+crash or by a new owner: its tail without its head, scored again as revision 0 of a fragment. So the
+commit position never lands inside a scored partition's span of offsets: it stays at the partition's
+first offset until the whole span can be passed (every earlier message's partition scored too). A
+re-read then always rebuilds whole partitions (at-least-once, the same score under the same event_id).
 """
 
 from __future__ import annotations
@@ -24,11 +30,22 @@ class _Position:
     """offset -> holders, in offset order (offsets are consumed in increasing order)."""
     next_offset: int | None = None
     committed: int | None = None
+    settled: list[tuple[int, int]] = field(default_factory=list)
+    """(first, last) offsets of released partitions that fed more than one message here."""
 
     def watermark(self) -> int | None:
-        for offset in self.holds:
-            return offset
-        return self.next_offset
+        mark = next(iter(self.holds), self.next_offset)
+        if mark is None or not self.settled:
+            return mark
+        moved = True
+        while moved:  # never inside a scored partition's offsets: back to its first one
+            moved = False
+            for first, last in self.settled:
+                if first < mark <= last:
+                    mark, moved = first, True
+        # the mark never goes back, so an interval wholly below it can never matter again
+        self.settled = [(first, last) for first, last in self.settled if last >= mark]
+        return mark
 
 
 class OffsetTracker:
@@ -36,7 +53,7 @@ class OffsetTracker:
 
     def __init__(self) -> None:
         self._positions: dict[TopicPartition, _Position] = {}
-        self._keys: dict[Hashable, dict[TopicPartition, int]] = {}
+        self._keys: dict[Hashable, dict[TopicPartition, list[int]]] = {}  # key -> tp -> [first, last]
 
     def consumed(self, tp: TopicPartition, offset: int) -> None:
         """A message was read: hold its offset until `track()` says where its spans went."""
@@ -53,10 +70,12 @@ class OffsetTracker:
         for key in keys:
             fed = self._keys.get(key)
             if fed is None:
-                self._keys[key] = {tp: offset}
+                self._keys[key] = {tp: [offset, offset]}
             elif tp not in fed:
-                fed[tp] = offset
+                fed[tp] = [offset, offset]
             else:
+                span = fed[tp]
+                span[1] = max(span[1], offset)
                 continue
             holds[offset] = holds.get(offset, 0) + 1
         self._unhold(position, offset)
@@ -66,10 +85,12 @@ class OffsetTracker:
         fed = self._keys.pop(key, None)
         if fed is None:
             return
-        for tp, offset in fed.items():
+        for tp, (first, last) in fed.items():
             position = self._positions.get(tp)
             if position is not None:
-                self._unhold(position, offset)
+                self._unhold(position, first)
+                if last > first:
+                    position.settled.append((first, last))
 
     @staticmethod
     def _unhold(position: _Position, offset: int) -> None:

@@ -26,7 +26,7 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,17 +101,21 @@ class _Segment:
 
 
 class WalMetrics:
-    """The Durability gauges and counter of docs/metrics.md."""
+    """The Durability gauges and counter of docs/metrics.md, for the WAL (`wal`) or the decision log."""
 
-    def __init__(self, registry: CollectorRegistry | None) -> None:
-        self.bytes = Gauge("stepwatch_wal_bytes", "Bytes in write-ahead log segments.", registry=registry)
+    def __init__(
+        self, registry: CollectorRegistry | None, name: str = "wal", what: str = "write-ahead log"
+    ) -> None:
+        self.bytes = Gauge(f"stepwatch_{name}_bytes", f"Bytes in {what} segments.", registry=registry)
         self.bytes_limit = Gauge(
-            "stepwatch_wal_bytes_limit", "Disk bound of the write-ahead log.", registry=registry
+            f"stepwatch_{name}_bytes_limit", f"Disk bound of the {what}.", registry=registry
         )
-        self.segments = Gauge("stepwatch_wal_segments", "Write-ahead log segment files.", registry=registry)
+        self.segments = Gauge(
+            f"stepwatch_{name}_segments", f"{what.capitalize()} segment files.", registry=registry
+        )
         self.corrupt = Counter(
-            "stepwatch_wal_corrupt_records_total",
-            "Torn, corrupt or unreadable (unknown entry layout) write-ahead log records skipped on replay.",
+            f"stepwatch_{name}_corrupt_records_total",
+            f"Torn, corrupt or unreadable (unknown layout) {what} records skipped on replay.",
             registry=registry,
         )
 
@@ -123,9 +127,18 @@ class WriteAheadLog:
     `track(...)` per accepted request, `release(key)` per emitted partition, `await stop()`.
     """
 
-    def __init__(self, config: WalConfig, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        config: WalConfig,
+        registry: CollectorRegistry | None = None,
+        check: Callable[[bytes], object] = check_entry,
+        metrics: WalMetrics | None = None,
+    ) -> None:
+        """`check` raises UnreadableEntry for a payload replay must refuse (the WAL's own entries by
+        default; the decision log passes its own)."""
         self.config = config
-        self.metrics = WalMetrics(registry)
+        self._check = check
+        self.metrics = metrics or WalMetrics(registry)
         self.metrics.bytes_limit.set(config.max_bytes)
         self._dir = config.directory
         self._segments: dict[int, _Segment] = {}
@@ -150,6 +163,8 @@ class WriteAheadLog:
         self._dirty = False
         self._new_dir_entry = False
         self._last_sync = 0.0
+        self.on_delete: Callable[[int], None] | None = None
+        """Called with a segment's id when it is deleted (the decision log waits on it)."""
 
     # -- state ------------------------------------------------------------------------------
 
@@ -209,7 +224,7 @@ class WriteAheadLog:
                     continue
                 self._next_seq = max(self._next_seq, item.seq + 1)
                 try:
-                    check_entry(item.payload)
+                    self._check(item.payload)
                 except UnreadableEntry as exc:
                     self.metrics.corrupt.inc()
                     log.error(
@@ -326,11 +341,18 @@ class WriteAheadLog:
             segment.holds += 1
         self._unhold(segment_id)
 
-    def release(self, key: Hashable) -> None:
-        """The partition is scored and handed to the exporters (or dropped): its spans are no longer needed."""
+    def release(self, key: Hashable) -> set[int]:
+        """The partition is scored and handed to the exporters (or dropped): its spans are no longer
+        needed. Returns the segments the key held (where its records are)."""
         self._born.pop(key, None)
-        for segment_id in self._keys.pop(key, ()):
+        segments = self._keys.pop(key, set())
+        for segment_id in segments:
             self._unhold(segment_id)
+        return segments
+
+    def live(self, segment_id: int) -> bool:
+        """Whether the segment is still on disk (or about to be written)."""
+        return segment_id in self._segments
 
     def expire_holds(self, max_age: float) -> int:
         """Release keys held longer than any partition can stay open; returns how many.
@@ -380,10 +402,16 @@ class WriteAheadLog:
         self._bytes -= segment.size
         self._publish()
         path = self._path(segment.id)
-        if self._executor is not None:
-            self._executor.submit(self._unlink, path)
-        else:
+        if self._executor is None:
             self._unlink(path)
+            if self.on_delete is not None:
+                self.on_delete(segment.id)
+            return
+        unlinked = self._executor.submit(self._unlink, path)
+        if self.on_delete is not None:  # only once the file is gone: a crash before must still find it
+            loop = asyncio.get_running_loop()
+            callback, segment_id = self.on_delete, segment.id
+            unlinked.add_done_callback(lambda _: loop.call_soon_threadsafe(callback, segment_id))
 
     # -- writing (event loop) and syncing (writer thread) --------------------------------------
 

@@ -18,6 +18,7 @@ COMMANDS: dict[str, str] = {
     "check-config": "stepwatch.commands.check_config",
     "score": "stepwatch.commands.score",
     "schema": "stepwatch.commands.schema",
+    "healthcheck": "stepwatch.commands.healthcheck",
 }
 
 

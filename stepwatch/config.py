@@ -2,12 +2,15 @@
 
 Sources, highest precedence first: command-line flags > environment (`STEPWATCH_<SECTION>__<FIELD>`,
 nested sections joined by `__`, values read as YAML scalars) > the YAML file > defaults. Every
-section forbids unknown keys, so a typo is an error naming the key and where it came from.
+section forbids unknown keys, so a typo is an error naming the key, where it came from and the
+closest allowed key. Kubernetes service-link variables (`STEPWATCH_METRICS_PORT=tcp://...`, see
+K8S_SERVICE_LINK) are ignored, never refused.
 Later components add their own section model here (e.g. `exporters.kafka`, `receivers.kafka`).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from collections.abc import Mapping
@@ -19,7 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from stepwatch.evaluator.buffer import BufferLimits
 from stepwatch.evaluator.judge.settings import JudgeServiceConfig
+from stepwatch.evaluator.ledger import LedgerLimits
 from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES
+from stepwatch.evaluator.suggest import did_you_mean
 from stepwatch.exporters.config import (
     KafkaExporterConfig,
     OtelEventsExporterConfig,
@@ -36,6 +41,15 @@ ENV_CONFIG_FILE = "STEPWATCH_CONFIG"
 ENV_NOT_SETTINGS = frozenset({ENV_CONFIG_FILE, "STEPWATCH_AUTH_TOKENS", "STEPWATCH_METRICS_TOKENS"})
 """STEPWATCH_* variables that are not config keys: the config file name and the token sources
 (read by the authenticators, never parsed into the config, so tokens cannot leak via check-config)."""
+
+K8S_SERVICE_LINK = re.compile(
+    r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*_(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?"
+    r"|PORT(?:_[0-9]+_(?:TCP|UDP|SCTP)(?:_(?:ADDR|PORT|PROTO))?)?)$"
+)
+"""The variables Kubernetes injects for every Service in the pod's namespace (`enableServiceLinks`,
+on by default): `<SVC>_SERVICE_HOST`, `<SVC>_SERVICE_PORT[_<NAME>]`, `<SVC>_PORT` and
+`<SVC>_PORT_<n>_<PROTO>[_ADDR|_PORT|_PROTO]`. A Service named `stepwatch-metrics` yields
+`STEPWATCH_METRICS_PORT=tcp://...`; such a name has no `__`, so it can never be a config key."""
 
 _ENDPOINT = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[^:\[\]\s]*):(?P<port>\d{1,5})$")
 
@@ -181,6 +195,26 @@ class BufferConfig(Section):
         )
 
 
+class LedgerConfig(Section):
+    """The decision ledger of closed traces (docs/serve.md, "Retries, duplicates and the ledger")."""
+
+    retention: float = Field(
+        default=300.0,
+        gt=0,
+        description="Seconds a closed trace's span ids are remembered after its last change, so a "
+        "retry is a duplicate (at least buffer.late_span_window; the Collector retries for up to 300 s).",
+    )
+    max_bytes: int = Field(
+        default=64 * 2**20,
+        ge=1,
+        description="Memory bound of the ledger; beyond it the oldest entries are evicted "
+        "(stepwatch_ledger_evictions_total) and their traces' later spans are late, never re-scored.",
+    )
+
+    def limits(self) -> LedgerLimits:
+        return LedgerLimits(retention=self.retention, max_bytes=self.max_bytes)
+
+
 class PartitioningConfig(Section):
     task_key_attributes: list[str] = Field(
         default=list(DEFAULT_TASK_KEY_ATTRIBUTES),
@@ -282,13 +316,52 @@ class DurabilityConfig(Section):
         )
 
 
+class LogSamplingConfig(Section):
+    """The OpenTelemetry Collector's log sampling (zap): per message and tick, the first `initial`
+    records are logged, then every `thereafter`-th; applied to the per-partition and per-rejection
+    lines only, which can come thousands a second."""
+
+    enabled: bool = Field(default=True, description="Sample the per-partition and per-rejection lines.")
+    tick: float = Field(default=10.0, gt=0, description="Seconds of one sampling window.")
+    initial: int = Field(
+        default=10, ge=0, description="Records of one message logged per tick before sampling."
+    )
+    thereafter: int = Field(
+        default=100, ge=1, description="After `initial`, one record in this many is logged per tick."
+    )
+
+
 class LoggingConfig(Section):
-    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", description="DEBUG, INFO, WARNING or ERROR (any case)."
+    )
+    format: Literal["text", "json"] = Field(
+        default="text", description="text: one human-readable line; json: one JSON object a line."
+    )
+    sampling: LogSamplingConfig = LogSamplingConfig()
+
+    @field_validator("level", "format", mode="before")
+    @classmethod
+    def _any_case(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        return value.upper() if value.upper() in ("DEBUG", "INFO", "WARNING", "ERROR") else value.lower()
+
+
+class DebugPagesConfig(Section):
+    """zpages-like pages on the metrics port, behind its auth (docs/operations.md, Debug pages)."""
+
+    enabled: bool = Field(default=True, description="Serve /debug/partitionz and /debug/rejectionz.")
+    max_partitions: int = Field(
+        default=200, ge=1, le=100_000, description="Most recent scored partition revisions kept."
+    )
+    max_rejections: int = Field(default=200, ge=1, le=100_000, description="Most recent rejections kept.")
 
 
 class ServiceConfig(Section):
     receivers: ReceiversConfig = ReceiversConfig()
     buffer: BufferConfig = BufferConfig()
+    ledger: LedgerConfig = LedgerConfig()
     partitioning: PartitioningConfig = PartitioningConfig()
     expectations: ExpectationsConfig = ExpectationsConfig()
     scoring: ScoringConfig = ScoringConfig()
@@ -297,6 +370,16 @@ class ServiceConfig(Section):
     judge: JudgeServiceConfig = JudgeServiceConfig()
     security: SecurityConfig = SecurityConfig()
     logging: LoggingConfig = LoggingConfig()
+    debug_pages: DebugPagesConfig = DebugPagesConfig()
+
+    @model_validator(mode="after")
+    def _ledger_covers_the_late_window(self) -> ServiceConfig:
+        if self.ledger.retention < self.buffer.late_span_window:
+            raise ValueError(
+                f"ledger.retention ({self.ledger.retention}) must be >= buffer.late_span_window "
+                f"({self.buffer.late_span_window}): a retry within the window must be a duplicate"
+            )
+        return self
 
     def kafka_exporter(self) -> KafkaExporterConfig:
         """exporters.kafka, with the spool in DATA_DIR/kafka-spool when durability.data_dir is set and
@@ -319,6 +402,8 @@ def env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[tupl
     for name, raw in sorted(environ.items()):
         if not name.startswith(ENV_PREFIX) or name in ENV_NOT_SETTINGS:
             continue
+        if "__" not in name and K8S_SERVICE_LINK.match(name):
+            continue  # Kubernetes' service links for a Service named stepwatch-*: not ours
         path = tuple(part.lower() for part in name[len(ENV_PREFIX) :].split("__"))
         if not all(path):
             raise ConfigError(f"{name}: empty section name (use STEPWATCH_SECTION__FIELD)")
@@ -379,7 +464,8 @@ def load_config(
     environ = os.environ if environ is None else environ
     if path is None and environ.get(ENV_CONFIG_FILE):
         path = Path(environ[ENV_CONFIG_FILE])
-    data = read_config_file(path) if path is not None else {}
+    file_data = read_config_file(path) if path is not None else {}
+    data = file_data
     env_tree, env_origin = env_overrides(environ)
     data = merge(data, env_tree)
     flag_origin: dict[tuple[str, ...], str] = {}
@@ -392,16 +478,56 @@ def load_config(
     try:
         return ServiceConfig.model_validate(data)
     except ValidationError as exc:
+        origins = {**{k: str(path) for k in _leaves(file_data)}, **env_origin, **flag_origin}
         lines = []
         for error in exc.errors():
             loc = tuple(str(part) for part in error["loc"])
             key = ".".join(loc) or "(top level)"
-            source = flag_origin.get(loc) or env_origin.get(loc) or (str(path) if path else "defaults")
             message = error["msg"].removeprefix("Value error, ")
             if error["type"] == "extra_forbidden":
-                message = f"unknown key; allowed here: {', '.join(_allowed(loc[:-1]))}"
-            lines.append(f"{key} (from {source}): {message}")
+                allowed = _allowed(loc[:-1])
+                hint = _env_hint(origins.get(loc, "")) or did_you_mean(loc[-1], allowed)
+                message = f"unknown key{hint} (allowed here: {', '.join(allowed)})"
+            lines.append(f"{key} (from {_source(loc, origins)}): {message}")
         raise ConfigError("\n".join(lines)) from None
+
+
+def _env_hint(name: str) -> str:
+    """`STEPWATCH_LOGGING_LEVEL` -> `; did you mean STEPWATCH_LOGGING__LEVEL?` (sections are joined
+    by a double underscore); '' when no such spelling names a key."""
+    if not name.startswith(ENV_PREFIX) or "__" in name:
+        return ""
+    parts = name[len(ENV_PREFIX) :].lower().split("_")
+    if len(parts) > 8:
+        return ""
+    for joins in itertools.product(("_", "__"), repeat=len(parts) - 1):
+        path = parts[0] + "".join(j + p for j, p in zip(joins, parts[1:], strict=True))
+        keys = tuple(path.split("__"))
+        if len(keys) > 1 and keys[-1] in _allowed(keys[:-1]):
+            return f"; did you mean {ENV_PREFIX}{path.upper()}?"
+    return ""
+
+
+def _leaves(tree: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """The key path of every value set in a (file) tree (mappings are walked, not listed)."""
+    out = []
+    for key, value in tree.items():
+        path = (*prefix, str(key))
+        out.extend(_leaves(value, path) if isinstance(value, Mapping) and value else [path])
+    return out
+
+
+def _source(loc: tuple[str, ...], origins: Mapping[tuple[str, ...], str]) -> str:
+    """Where the value at `loc` came from: its own source, else (a cross-field rule on a section) the
+    sources of the keys set inside it, flags first; `defaults` only when nothing set any of them."""
+    if loc in origins:
+        return origins[loc]
+    inside = [source for key, source in origins.items() if key[: len(loc)] == loc and len(key) > len(loc)]
+    flags = [s for s in inside if s.startswith("--")]
+    env = [s for s in inside if s.startswith(ENV_PREFIX)]
+    files = [s for s in inside if s not in flags and s not in env]
+    found = list(dict.fromkeys([*flags, *env, *files]))
+    return ", ".join(found) if found else "defaults"
 
 
 def _flag_tree(flags: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,6 +30,7 @@ from stepwatch.evaluator.expectation import Expectation
 from stepwatch.evaluator.expectations_store import ExpectationsStore
 from stepwatch.evaluator.judge.factory import build_runner
 from stepwatch.evaluator.judge.runner import JudgeRunner
+from stepwatch.evaluator.ledger import DecisionLedger, pack_span_ids
 from stepwatch.evaluator.model import Partition
 from stepwatch.evaluator.partitioning import build_partition
 from stepwatch.evaluator.pipeline import (
@@ -52,15 +52,18 @@ from stepwatch.exporters.events import root_span_id
 from stepwatch.exporters.judge_metrics import JudgeCollector
 from stepwatch.exporters.prometheus import BufferGauges, MetricsServer, PrometheusExporter
 from stepwatch.exporters.score_streams import ROOT_SPAN_ATTRIBUTE, build_score_streams
+from stepwatch.receiver.decision_log import Decision, DecisionLog
 from stepwatch.receiver.grpc_server import OtlpGrpcReceiver
 from stepwatch.receiver.http_server import BadRequest, OtlpHttpReceiver, request_from_json
 from stepwatch.receiver.ingest import Ingestor, split_request
 from stepwatch.receiver.kafka_ingest import IngestedMessage, KafkaIngest, TopicPartition
 from stepwatch.receiver.origin import OriginCache
-from stepwatch.receiver.wal import WriteAheadLog
+from stepwatch.receiver.rejections import Rejection
+from stepwatch.receiver.wal import RecordRef, WalClosed, WalConfig, WalFull, WriteAheadLog
 from stepwatch.receiver.wal_format import WalEntry
 
 from .config import ServiceConfig, parse_endpoint
+from .debug_pages import DebugPages
 from .delivery import DeliveryTracker
 from .expectations_watch import ExpectationsWatcher
 from .security import (
@@ -91,6 +94,7 @@ from .tenancy import (
 )
 
 log = logging.getLogger("stepwatch")
+partition_log = logging.getLogger("stepwatch.partitions")  # sampled (stepwatch.logs)
 
 
 @dataclass(slots=True)
@@ -132,7 +136,8 @@ class Service:
         self.policy = TenantPolicy(sec, config.expectations.file)
         buffer_limits = config.buffer.limits()
         self._origins = OriginCache()  # decoded resources and scopes of buffered spans
-        self.buffer = PartitionBuffer(buffer_limits, self.accounting, self.clock.monotonic)
+        self.ledger = DecisionLedger(config.ledger.limits(), self.clock.monotonic)
+        self.buffer = PartitionBuffer(buffer_limits, self.accounting, self.clock.monotonic, self.ledger)
         limits = config.buffer
         prom = config.exporters.prometheus
         self.prometheus = PrometheusExporter(
@@ -181,16 +186,26 @@ class Service:
             is_registered=lambda key: self.tenant_expectations.registered_anywhere(key),
         )
         self.streams = streams
-        sinks: list[ScoreExporter] = [self.prometheus, *streams, *exporters]
+        self.debug = DebugPages(config.debug_pages)  # partition log + ring, rejection ring, /debug/*
+        sinks: list[ScoreExporter] = [self.prometheus, *streams, *exporters, *self.debug.exporters]
         sinks = [
             PrivateSink(sink, lambda tenant: self.policy.privacy(Tenant(tenant)).include_content)
             for sink in sinks
         ]
         wal_config = config.durability.wal_config()
         self.wal: WriteAheadLog | None = None
+        self.decisions: DecisionLog | None = None
+        self._undecided: list[PartitionScores] = []  # delivered, decision not yet written (log full)
         if wal_config is not None:
             self.wal = WriteAheadLog(wal_config, registry=self.prometheus.registry)
             self.ingestor.wal = self.wal
+            self.decisions = DecisionLog(
+                _decision_log_config(wal_config),
+                self.wal,
+                config.ledger.retention,
+                self.clock.monotonic,
+                registry=self.prometheus.registry,
+            )
         self.kafka_ingest: KafkaIngest | None = None
         if config.receivers.kafka.enabled:
             self.kafka_ingest = KafkaIngest(
@@ -237,22 +252,19 @@ class Service:
             interceptor = BearerAuthInterceptor(
                 self.authenticator, on_rejected=lambda n: self._auth_rejected("grpc", n)
             )
-            grpc_max, grpc_key = _binding(
-                (rec.grpc.max_recv_message_bytes, "receivers.grpc.max_recv_message_bytes"),
-                (sec.limits.max_message_bytes, "security.limits.max_message_bytes"),
-            )
             self.grpc = OtlpGrpcReceiver(
                 self.ingestor,
                 self.accounting,
                 host,
                 port,
-                grpc_max,
+                rec.grpc.max_recv_message_bytes,
                 rec.grpc.max_concurrent_rpcs,
                 credentials=grpc_server_credentials(tls) if tls.enabled else None,
                 interceptors=[interceptor] if auth_on else (),
                 tenant=lambda: self.scope.name(current_tenant.get()),
                 on_too_large=lambda: self.limit_meter.exceeded("message_size"),
-                limit_key=grpc_key,
+                limit_key="receivers.grpc.max_recv_message_bytes",
+                on_rejected=self.debug.rejections.record,
             )
         if rec.http.enabled:
             host, port = parse_endpoint(rec.http.endpoint)
@@ -261,23 +273,20 @@ class Service:
                 assert self.http is not None
                 self._auth_rejected("http", await self.http.count_spans(request))
 
-            http_max, http_key = _binding(
-                (rec.http.max_body_bytes, "receivers.http.max_body_bytes"),
-                (sec.limits.max_http_body_bytes, "security.limits.max_http_body_bytes"),
-            )
             self.http = OtlpHttpReceiver(
                 self.ingestor,
                 self.accounting,
                 host,
                 port,
-                http_max,
+                rec.http.max_body_bytes,
                 ssl_context=server_ssl_context(tls).context if tls.enabled else None,
                 middlewares=[bearer_auth_middleware(self.authenticator, on_rejected=http_rejected)]
                 if auth_on
                 else (),
                 tenant=lambda request: self.scope.name(request.get(TENANT_KEY)),
                 on_too_large=lambda: self.limit_meter.exceeded("message_size"),
-                limit_key=http_key,
+                limit_key="receivers.http.max_body_bytes",
+                on_rejected=self.debug.rejections.record,
             )
         self.metrics_server: MetricsServer | None = None
         if prom.enabled:
@@ -290,6 +299,7 @@ class Service:
                 self.ready,
                 ssl_context=server_ssl_context(sec.metrics_tls).context if sec.metrics_tls.enabled else None,
                 middlewares=[admin_auth_middleware(admin)] if admin.enabled else (),
+                routes=self.debug.routes(),
             )
         keys = config.partitioning.task_key_attributes
         self._scoring_attributes = {io: scoring_attributes(keys, step_io=io) for io in (True, False)}
@@ -305,7 +315,6 @@ class Service:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        _tune_gc()
         await self.fanout.start()
         if self.metrics_server is not None:
             await self.metrics_server.start()
@@ -320,6 +329,8 @@ class Service:
         if self.wal is not None:
             await self._replay_wal(self.wal)
             await self.wal.start()
+            if self.decisions is not None:
+                await self.decisions.log.start()
             log.info("write-ahead log in %s (fsync %s)", self.wal.config.directory, self.wal.config.fsync)
         if self.kafka_ingest is not None:
             await self.kafka_ingest.start()
@@ -345,9 +356,46 @@ class Service:
         self._started = True
 
     def _delivered(self, event: PartitionScores) -> None:
-        """Every exporter has handled the event: the spans behind it need no replay."""
+        """Every exporter has handled the event: the spans behind it need no replay.
+
+        With a write-ahead log, the decision (which span ids this revision scored) is written first
+        and the partition's log holds are released only once it is on disk: a replay then never
+        meets a decided trace's records without its decision (receiver/decision_log.py)."""
         tenant = tenant_of(event.attributes)
-        self._release([self.scope.trace_key(tenant, bytes.fromhex(t)) for t in event.trace_ids])
+        keys = [self.scope.trace_key(tenant, bytes.fromhex(t)) for t in event.trace_ids]
+        if self.decisions is None or not event.scored_spans:
+            self._release(keys)
+            return
+        partition_id = (
+            self.scope.session_key(tenant, event.partition_id)
+            if event.partition_type == "session"
+            else keys[0].hex()
+            if event.partition_type == "trace" and keys
+            else event.partition_id
+        )
+        decision = Decision(event.partition_type, partition_id, event.revision, event.scored_spans)
+        try:
+            ref, written = self.decisions.append(decision)
+        except WalFull:
+            log.warning("decision log full: partition %s keeps its log holds until it has room", partition_id)
+            self._undecided.append(event)
+            return
+        except WalClosed:  # stopped: the holds stay, a replay re-scores the whole partition
+            return
+        written.add_done_callback(lambda done: self._decided(ref, keys, done))
+
+    def _decided(self, ref: RecordRef, keys: list[bytes], written: asyncio.Future[None]) -> None:
+        assert self.decisions is not None and self.wal is not None
+        if written.cancelled() or written.exception() is not None:
+            log.error("decision log write failed; partition keeps its log holds: %s", written.exception())
+            self.decisions.drop(ref)
+            return
+        segments: set[int] = set()
+        for key in keys:
+            segments |= self.wal.release(key)
+            if self.kafka_ingest is not None:
+                self.kafka_ingest.release(key)
+        self.decisions.keep(ref, segments)
 
     def _release(self, keys: list[bytes]) -> None:
         for log_ in (self.wal, self.kafka_ingest):
@@ -367,12 +415,9 @@ class Service:
                 encoded = message.value
         except (BadRequest, DecodeError) as exc:
             self.accounting.requests_rejected["decode"] += 1
-            log.warning(
-                "kafka %s[%d]@%d: undecodable message skipped: %s",
-                message.topic,
-                message.partition,
-                message.offset,
-                exc,
+            where = f"{message.topic}[{message.partition}]@{message.offset}"
+            self.debug.rejections.record(
+                Rejection("kafka", "decode", 0, f"{where}: undecodable, skipped: {exc}")
             )
             return set()
         await self.ingestor.admit()
@@ -391,32 +436,79 @@ class Service:
         )
 
     async def _replay_wal(self, wal: WriteAheadLog) -> None:
-        """Rebuild the buffers from the log before any receiver opens (timers start now)."""
+        """Rebuild the buffers from the log before any receiver opens (timers start now).
+
+        Decisions first: a replayed span of a trace already scored is a duplicate (or late), so a
+        trace is either rebuilt from all of its records (never decided: nothing of it was released)
+        or not scored again; never a fragment of it."""
+        decisions = self._replay_decisions()
+        decided_in: dict[bytes, set[int]] = {}  # decided trace -> WAL segments holding its records
+        ledger = self.ledger
         records_replayed = spans = 0
-        for ref, payload in wal.replay():
-            entry = WalEntry.from_bytes(payload)
-            request = ExportTraceServiceRequest.FromString(entry.data)
-            records, _, _, _ = split_request(request, entry.data)
-            if entry.tenant:  # spans of a named tenant: back under that tenant's keys
-                records = [(self.scope.trace_key(entry.tenant, r[0]), *r[1:]) for r in records]  # type: ignore[misc]
-            # Acknowledged before the crash, so never refused now: offered in pieces that fit the
-            # buffer (a lowered max_buffered_spans must not hang start-up), waiting for room.
-            piece = max(1, self.buffer.limits.max_buffered_spans)
-            for start in range(0, len(records), piece):
-                while self.buffer.offer(records[start : start + piece]).full:
-                    await asyncio.sleep(self.config.buffer.sweep_interval)
-            wal.track(ref, {rec[0] for rec in records})
-            records_replayed += 1
-            spans += len(records)
-            if records_replayed % 64 == 0:
-                await asyncio.sleep(0)
+        with ledger.unbounded():  # an entry evicted mid-replay would let a fragment through
+            for ref, payload in wal.replay():
+                entry = WalEntry.from_bytes(payload)
+                request = ExportTraceServiceRequest.FromString(entry.data)
+                records, _, _, _ = split_request(request, entry.data)
+                if entry.tenant:  # spans of a named tenant: back under that tenant's keys
+                    records = [(self.scope.trace_key(entry.tenant, r[0]), *r[1:]) for r in records]  # type: ignore[misc]
+                self.accounting.replayed += len(records)
+                if decisions:
+                    for rec in records:
+                        if ledger.get(rec[0]) is not None:
+                            decided_in.setdefault(rec[0], set()).add(ref.segment)
+                # Acknowledged before the crash, so never refused now: offered in pieces that fit
+                # the buffer (a lowered max_buffered_spans must not hang start-up), waiting for room.
+                piece = max(1, self.buffer.limits.max_buffered_spans)
+                keys: set[bytes] = set()
+                for start in range(0, len(records), piece):
+                    chunk = records[start : start + piece]
+                    while (admission := self.buffer.offer(chunk, duplicate_source="replayed")).full:
+                        await asyncio.sleep(self.config.buffer.sweep_interval)
+                    taken = chunk if admission.taken is None else admission.taken
+                    keys.update(rec[0] for rec in taken if self.buffer.will_score(rec[0]))
+                wal.track(ref, keys)
+                records_replayed += 1
+                spans += len(records)
+                if records_replayed % 64 == 0:
+                    await asyncio.sleep(0)
+        if self.decisions is not None:
+            for ref, decision in decisions:
+                self.decisions.keep(ref, set().union(*(decided_in.get(k, ()) for k in decision.spans)))
         if records_replayed:
-            log.info("write-ahead log: replayed %d span(s) from %d record(s)", spans, records_replayed)
+            log.info(
+                "write-ahead log: replayed %d span(s) from %d record(s), %d decision(s); %d span(s) "
+                "were already scored",
+                spans,
+                records_replayed,
+                len(decisions),
+                self.accounting.duplicates["replayed"],
+            )
+
+    def _replay_decisions(self) -> list[tuple[RecordRef, Decision]]:
+        """Seed the ledger with every decision on disk (latest revision wins)."""
+        if self.decisions is None:
+            return []
+        out = list(self.decisions.replay())
+        with self.ledger.unbounded():
+            for _, decision in out:
+                for trace_key, ids in decision.spans.items():
+                    self.ledger.restore(trace_key, ids, decision.partition_id, decision.revision)
+                if decision.partition_type == "session":
+                    self.ledger.session_closed(decision.partition_id, decision.revision)
+        return out
 
     @staticmethod
     def _addr(port: int, endpoint: str) -> str:
         host, _ = parse_endpoint(endpoint)
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    async def flush_decisions(self) -> None:
+        """Wait until every decision queued so far is written and its partition's holds released."""
+        if self.decisions is not None:
+            await self.decisions.log.flush()
+            for _ in range(3):
+                await asyncio.sleep(0)
 
     def ready(self) -> bool:
         return self._started and not self._stopping
@@ -461,17 +553,23 @@ class Service:
                 await aclose()
             except Exception:
                 log.exception("judge: closing its HTTP session failed")
+        if self.decisions is not None:
+            await self.decisions.log.stop()  # writes every queued decision, then their holds go
+            await asyncio.sleep(0)
         if self.wal is not None:
             await self.wal.stop()
         if self.metrics_server is not None:
             await self.metrics_server.shutdown()
         self._executor.shutdown(wait=True)
+        acc = self.accounting
         log.info(
-            "drained: %d span(s) received, %d scored, %d rejected, %d late",
-            sum(self.accounting.received.values()),
-            self.accounting.scored,
-            sum(self.accounting.rejected.values()),
-            self.accounting.late,
+            "drained: %d span(s) received, %d replayed, %d scored, %d rejected, %d duplicate, %d late",
+            sum(acc.received.values()),
+            acc.replayed,
+            acc.scored,
+            sum(acc.rejected.values()) + acc.scoring_errors,
+            sum(acc.duplicates.values()),
+            acc.late,
         )
 
     # -- close detection and scoring ----------------------------------------------------------
@@ -500,8 +598,22 @@ class Service:
         dropped = self.buffer.take_dropped_revisions()
         if dropped:
             self._release(dropped)
+        if self.decisions is not None:
+            self.decisions.sweep()
+            if self._undecided:
+                retry, self._undecided = self._undecided, []
+                for event in retry:
+                    self._delivered(event)
 
     def _dispatch(self, closed: list[ClosedPartition]) -> None:
+        if partition_log.isEnabledFor(logging.DEBUG):
+            for c in closed:
+                fields = {
+                    "partition_type": c.partition_type,
+                    "partition_id": c.partition_id,
+                    "reason": c.reason,
+                }
+                partition_log.debug("partition closed", extra={"fields": {**fields, "revision": c.revision}})
         self.backlog.add(sum(len(c.records) for c in closed))
         workers = self.config.scoring.workers
         chunks = [closed[i::workers] for i in range(min(workers, len(closed)))]
@@ -610,7 +722,8 @@ class Service:
                 scored, more = self._process(item)
             except Exception:  # a bug in decoding/partitioning: account the spans, go on
                 log.exception("scoring partition %s failed", item.partition_id)
-                self.accounting.rejected["scoring_error"] += item.new_spans
+                with self.accounting.scoring_lock:
+                    self.accounting.scoring_errors += item.new_spans
                 self.buffer.done(item)
                 if item.needs_routing:
                     with contextlib.suppress(ValueError):
@@ -696,11 +809,12 @@ class Service:
         sync = [s for s in scorers if not is_async_scorer(s)]
         results = [*run_sync_scorers(inp, sync), *skipped]
         acc = self.accounting
-        if closed.revision == 0:
-            acc.scored += closed.new_spans
-            if expectation is None:
-                acc.unmatched[partition.type] += 1
-        acc.closed[(partition.type, closed.reason)] += 1
+        with acc.scoring_lock:
+            if closed.revision == 0:
+                acc.scored += closed.new_spans
+                if expectation is None:
+                    acc.unmatched[partition.type] += 1
+            acc.closed[(partition.type, closed.reason)] += 1
         self.buffer.done(closed)
         event = PartitionScores(
             partition_type=partition.type,
@@ -716,6 +830,11 @@ class Service:
             expectation_version=expectation.version if expectation is not None else None,
             scored_at_unix_nano=time.time_ns(),
             last_span_monotonic=closed.last_arrival,
+            scored_spans=(
+                _scored_spans(closed.records, closed.partition_type == "trace")
+                if self.decisions is not None
+                else {}
+            ),
             attributes={
                 **self._stream_attributes(partition),
                 **({"tenant": tenant} if self.policy.enabled else {}),
@@ -753,6 +872,7 @@ class Service:
         """A request without a valid token: its spans are received and rejected (reason auth)."""
         self.accounting.received[protocol] += spans
         self.accounting.rejected["auth"] += spans
+        self.debug.rejections.record(Rejection(protocol, "auth", spans, "no valid bearer token"))
 
     def _gauges(self) -> BufferGauges:
         return BufferGauges(
@@ -763,32 +883,42 @@ class Service:
             scoring_backlog_spans=self.backlog.spans,
             held_requests=self.backlog.held_requests,
             held_seconds=self.backlog.held_seconds,
+            ledger_entries=self.ledger.entries,
+            ledger_bytes=self.ledger.bytes,
+            ledger_bytes_limit=self.ledger.limits.max_bytes,
+            ledger_evictions=self.ledger.evictions,
         )
 
 
 INLINE_SLICE_SECONDS = 0.005
 """Longest run of inline scoring before the event loop serves receivers again."""
-GC_THRESHOLDS = (20_000, 20, 50)
-"""Scoring allocates many short-lived objects while the buffer holds many long-lived ones; with
-CPython's default gen0 threshold (700) collections cost ~30% of close time (docs/serve.md)."""
-_gc_tuned = False
 
 
-def _tune_gc() -> None:
-    """Once per process: collect young objects less often (garbage cycles only live longer).
+def _scored_spans(
+    records: Sequence[tuple[bytes, bytes, int, bytes, object]], one_trace: bool
+) -> Mapping[bytes, bytes]:
+    """Each trace's span ids in a scored snapshot: what its decision record says was scored."""
+    if one_trace and records:
+        return {records[0][0]: pack_span_ids([rec[1] for rec in records])}
+    by_trace: dict[bytes, list[bytes]] = {}
+    for rec in records:
+        ids = by_trace.get(rec[0])
+        if ids is None:
+            ids = by_trace[rec[0]] = []
+        ids.append(rec[1])
+    return {key: pack_span_ids(ids) for key, ids in by_trace.items()}
 
-    gc.freeze() after start-up was ~2 us/span faster still, but a restarted `serve` with a Kafka
-    spool then never scored (tests/service/test_serve_score_streams.py): not used."""
-    global _gc_tuned
-    if _gc_tuned:
-        return
-    _gc_tuned = True
-    gc.set_threshold(*GC_THRESHOLDS)
 
-
-def _binding(*limits: tuple[int, str]) -> tuple[int, str]:
-    """The smallest of several (value, config key) limits on the same thing: the one a refusal names."""
-    return min(limits, key=lambda limit: limit[0])
+def _decision_log_config(wal: WalConfig) -> WalConfig:
+    """The decision log beside the WAL: same sync policy, small segments (~8 bytes a span)."""
+    segment = max(64 * 1024, min(4 * 2**20, wal.segment_bytes))
+    return wal.model_copy(
+        update={
+            "directory": wal.directory.parent / "ledger",
+            "segment_bytes": segment,
+            "max_bytes": max(2 * segment, wal.max_bytes // 8),
+        }
+    )
 
 
 class _Backpressure(Exception):

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from stepwatch.evaluator.buffer import SpanRecord
+from stepwatch.evaluator.content import strip_content
 from stepwatch.evaluator.expectations_store import (
     ExpectationsError,
     ExpectationsStore,
     parse_expectations,
 )
 from stepwatch.evaluator.model import Span
-from stepwatch.evaluator.pipeline import STEP_ACCURACY, AttributeSelection
+from stepwatch.evaluator.pipeline import AttributeSelection, uses_expected_steps
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.evaluator.scorers.base import Scorer, ScoringInput
 from stepwatch.exporters.base import carries_content as declares_content
@@ -38,7 +39,6 @@ from stepwatch.security.limits import (
     read_bounded,
     scoring_guard,
 )
-from stepwatch.security.redaction import strip_content
 from stepwatch.security.tenants import DEFAULT_TENANT, PerTenant, Tenant
 
 _TRACE_ID_BYTES = 16
@@ -212,10 +212,6 @@ def decode_limited(
         for i, span in zip(need, limited, strict=True):
             spans[i] = span
     return spans
-
-
-def uses_expected_steps(scorer: Scorer) -> bool:
-    return bool(getattr(scorer, "uses_expected_steps", scorer.name == STEP_ACCURACY))
 
 
 def guard(inp: ScoringInput, limits: LimitsConfig, meter: LimitMeter) -> str | None:

@@ -43,8 +43,11 @@ class TansuBroker:
         topics: tuple[str, ...] = (),
         partitions: int = 4,
         ready_timeout: float = 15.0,
+        advertised_port: int | None = None,
     ) -> None:
         self.port = port or free_port()
+        self.advertised_port = advertised_port or self.port
+        """Where clients are told to connect (a TcpProxy in front of the broker, to cut it off)."""
         self.topics = topics
         self.partitions = partitions
         self.ready_timeout = ready_timeout
@@ -71,7 +74,7 @@ class TansuBroker:
                 "--listener-url",
                 url,
                 "--advertised-listener-url",
-                url,
+                f"tcp://127.0.0.1:{self.advertised_port}",
                 "--storage-engine",
                 "memory://tansu/",
             ],

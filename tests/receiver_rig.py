@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from shared_paths import CORPUS
 
 from stepwatch.evaluator.accounting import SpanAccounting
 from stepwatch.evaluator.buffer import BufferLimits, PartitionBuffer
@@ -13,7 +14,6 @@ from stepwatch.evaluator.clock import ManualClock
 from stepwatch.receiver.ingest import Ingestor
 from stepwatch.receiver.wal import WalConfig, WriteAheadLog
 
-CORPUS = Path("/work/shared/corpus")
 RETRY_AFTER = 2.5
 WAL_SEGMENT = 64 * 1024  # the smallest segment WalConfig allows; the bound is two of them
 

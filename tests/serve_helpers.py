@@ -164,3 +164,24 @@ def start_serve(
             proc.communicate()
         raise
     return ServeProcess(proc, grpc, http, metrics)
+
+
+# What Kubernetes injects for the Services of deploy/k8s (stepwatch-metrics, stepwatch-gateway) when
+# the pod spec does not set `enableServiceLinks: false`, and for a Service named plain `stepwatch`.
+K8S_SERVICE_LINKS = {
+    "STEPWATCH_METRICS_SERVICE_HOST": "10.96.0.12",
+    "STEPWATCH_METRICS_SERVICE_PORT": "9464",
+    "STEPWATCH_METRICS_SERVICE_PORT_METRICS": "9464",
+    "STEPWATCH_METRICS_PORT": "tcp://10.96.0.12:9464",
+    "STEPWATCH_METRICS_PORT_9464_TCP": "tcp://10.96.0.12:9464",
+    "STEPWATCH_METRICS_PORT_9464_TCP_ADDR": "10.96.0.12",
+    "STEPWATCH_METRICS_PORT_9464_TCP_PORT": "9464",
+    "STEPWATCH_METRICS_PORT_9464_TCP_PROTO": "tcp",
+    "STEPWATCH_GATEWAY_SERVICE_HOST": "10.96.0.13",
+    "STEPWATCH_GATEWAY_SERVICE_PORT_OTLP_GRPC": "4317",
+    "STEPWATCH_GATEWAY_SERVICE_PORT_OTLP_HTTP": "4318",
+    "STEPWATCH_GATEWAY_PORT_4318_TCP_ADDR": "10.96.0.13",
+    "STEPWATCH_GATEWAY_PORT_4317_UDP_PROTO": "udp",
+    "STEPWATCH_PORT": "tcp://10.96.0.14:4317",
+    "STEPWATCH_SERVICE_HOST": "10.96.0.14",
+}

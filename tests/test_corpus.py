@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from shared_paths import CORPUS
 
 from stepwatch.evaluator.expectation import Expectation
 from stepwatch.evaluator.partitioning import partition_sessions, partition_traces
@@ -15,10 +15,7 @@ from stepwatch.evaluator.scorers.registry import default_scorers
 from stepwatch.evaluator.steps import extract_steps
 from stepwatch.receiver.loader import load_file
 
-CORPUS = Path("/work/shared/corpus")
 SCENARIOS = sorted(p.stem for p in CORPUS.glob("*.pb"))
-
-pytestmark = pytest.mark.skipif(not SCENARIOS, reason="corpus not present")
 
 
 def _sidecar(name: str) -> dict:

@@ -30,9 +30,10 @@ UID = "stepwatch-overview"
 
 DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 # Series selectors shared by the score panels (the template variables are multi-value regexes).
+# stepwatch_evaluation_score_ratio holds quality scores only (0-1); the trajectory statistics have
+# families of their own (docs/metrics.md), shown in the "Trajectory statistics" row.
 SCORE_SEL = 'task_key=~"$task_key", metric=~"$metric"'
-# Quality scores only: the expectation-free trajectory.* measurements are not "higher is better".
-QUALITY_SEL = 'task_key=~"$task_key", metric=~"$metric", metric!~"trajectory\\\\..+"'
+TASK_SEL = 'task_key=~"$task_key"'
 
 
 def _query(expr: str, legend: str, ref: str = "A", *, instant: bool = False) -> prometheus.Dataquery:
@@ -74,9 +75,9 @@ def _variables() -> list[Any]:
         dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus"),
         dashboard.QueryVariable("task_key")
         .label("Task key")
-        .description("Task keys with a score (label_values over stepwatch_evaluation_last_score).")
+        .description("Task keys with an evaluation (label_values over stepwatch_evaluations_total).")
         .datasource(DATASOURCE)
-        .query("label_values(stepwatch_evaluation_last_score, task_key)")
+        .query("label_values(stepwatch_evaluations_total, task_key)")
         .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
         .sort(dm.VariableSort.ALPHABETICAL_ASC)
         .multi(True)
@@ -88,7 +89,7 @@ def _variables() -> list[Any]:
             "Scorer names (agent.step_accuracy, trajectory, trajectory_steps, plan_adherence, trajectory.*)."
         )
         .datasource(DATASOURCE)
-        .query('label_values(stepwatch_evaluation_last_score{task_key=~"$task_key"}, metric)')
+        .query('label_values(stepwatch_evaluations_total{task_key=~"$task_key"}, metric)')
         .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
         .sort(dm.VariableSort.ALPHABETICAL_ASC)
         .multi(True)
@@ -102,11 +103,12 @@ def _score_rows(board: dashboard.Dashboard) -> dashboard.Dashboard:
     board = board.with_panel(
         _timeseries(
             "Score trend by task key and metric",
-            "Average score of the partitions scored in each interval: rate of the score histogram's _sum over its _count.",
-            "none",
+            "Average quality score (0-1; plan_adherence divided by 100) of the partitions scored in each interval: "
+            "rate of the ratio histogram's _sum over its _count.",
+            "percentunit",
             _query(
-                f"sum by (task_key, metric) (rate(stepwatch_evaluation_score_sum{{{SCORE_SEL}}}[$__rate_interval]))\n"
-                f"/\nsum by (task_key, metric) (rate(stepwatch_evaluation_score_count{{{SCORE_SEL}}}[$__rate_interval]))",
+                f"sum by (task_key, metric) (rate(stepwatch_evaluation_score_ratio_sum{{{SCORE_SEL}}}[$__rate_interval]))\n"
+                f"/\nsum by (task_key, metric) (rate(stepwatch_evaluation_score_ratio_count{{{SCORE_SEL}}}[$__rate_interval]))",
                 "{{task_key}} {{metric}}",
             ),
         )
@@ -132,8 +134,8 @@ def _score_rows(board: dashboard.Dashboard) -> dashboard.Dashboard:
             "below minus the margin (default 0.1) with enough scored partitions.",
             "none",
             _query(
-                f"task_key_metric:stepwatch_evaluation_score:avg_rate1h{{{QUALITY_SEL}}}\n"
-                f"- on (task_key, metric)\ntask_key_metric:stepwatch_evaluation_score:avg_rate7d{{{QUALITY_SEL}}}",
+                f"task_key_metric:stepwatch_evaluation_score_ratio:avg_rate1h{{{SCORE_SEL}}}\n"
+                f"- on (task_key, metric)\ntask_key_metric:stepwatch_evaluation_score_ratio:avg_rate7d{{{SCORE_SEL}}}",
                 "{{task_key}} {{metric}}",
             ),
         ).thresholds(_thresholds((None, "red"), (-0.1, "yellow"), (0, "green")))
@@ -153,7 +155,7 @@ def _score_rows(board: dashboard.Dashboard) -> dashboard.Dashboard:
         .thresholds(_thresholds((None, "red"), (0.6, "yellow"), (0.8, "green")))
         .with_target(
             _query(
-                f"bottomk(10, task_key_metric:stepwatch_evaluation_score:avg_rate1h{{{QUALITY_SEL}}})",
+                f"bottomk(10, task_key_metric:stepwatch_evaluation_score_ratio:avg_rate1h{{{SCORE_SEL}}})",
                 "{{task_key}} {{metric}}",
                 instant=True,
             )
@@ -163,14 +165,15 @@ def _score_rows(board: dashboard.Dashboard) -> dashboard.Dashboard:
         table.Panel()
         .title("Latest score")
         .description(
-            "stepwatch_evaluation_last_score: the most recent score per task key, metric and partition type."
+            "stepwatch_evaluation_last_score_ratio: the most recent quality score (0-1) per task key, metric "
+            "and partition type."
         )
         .datasource(DATASOURCE)
         .height(8)
         .span(12)
         .with_target(
             _query(
-                f"max by (task_key, metric, partition_type) (stepwatch_evaluation_last_score{{{SCORE_SEL}}})",
+                f"max by (task_key, metric, partition_type) (stepwatch_evaluation_last_score_ratio{{{SCORE_SEL}}})",
                 "",
                 instant=True,
             )
@@ -188,6 +191,47 @@ def _score_rows(board: dashboard.Dashboard) -> dashboard.Dashboard:
         ).stacking(StackingConfig().mode(common.StackingMode.NORMAL))
     )
     return board
+
+
+def _quantiles(family: str, title: str, description: str, unit: str) -> timeseries.Panel:
+    """p50 and p90 per task key of one trajectory-statistics histogram."""
+    queries = [
+        _query(
+            f"histogram_quantile({q}, sum by (task_key, le) (rate({family}_bucket{{{TASK_SEL}}}[$__rate_interval])))",
+            f"{{{{task_key}}}} p{int(q * 100)}",
+            ref,
+        )
+        for q, ref in ((0.5, "A"), (0.9, "B"))
+    ]
+    return _timeseries(title, description, unit, *queries).span(8)
+
+
+def _statistics_rows(board: dashboard.Dashboard) -> dashboard.Dashboard:
+    board = board.with_row(dashboard.Row("Trajectory statistics"))
+    board = board.with_panel(
+        _quantiles(
+            "stepwatch_trajectory_duration_seconds",
+            "Trajectory duration",
+            "First span start to last span end per partition (trajectory.latency_seconds), p50 and p90.",
+            "s",
+        )
+    )
+    board = board.with_panel(
+        _quantiles(
+            "stepwatch_trajectory_steps",
+            "Steps per trajectory",
+            "Steps the agent took per partition (trajectory.step_count), p50 and p90.",
+            "short",
+        )
+    )
+    return board.with_panel(
+        _quantiles(
+            "stepwatch_trajectory_tokens",
+            "Tokens per trajectory",
+            "Input plus output tokens per partition (trajectory.total_tokens), p50 and p90.",
+            "short",
+        )
+    )
 
 
 def _ingest_rows(board: dashboard.Dashboard) -> dashboard.Dashboard:
@@ -349,7 +393,7 @@ def build() -> dict[str, Any]:
     )
     for variable in _variables():
         board = board.with_variable(variable)
-    board = _stream_rows(_ingest_rows(_score_rows(board)))
+    board = _stream_rows(_ingest_rows(_statistics_rows(_score_rows(board))))
     encoded: dict[str, Any] = json.loads(json.dumps(board.build(), cls=JSONEncoder))
     return encoded
 

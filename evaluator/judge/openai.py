@@ -147,7 +147,7 @@ class OpenAIJudge:
             await self._sleep(wait)
 
     def _backoff(self, attempt: int) -> float:
-        return min(self.config.max_backoff_s, self.config.backoff_base_s * (2**attempt))
+        return float(min(self.config.max_backoff_s, self.config.backoff_base_s * (2**attempt)))
 
     def _body(self, group: RenderedGroup) -> dict[str, Any]:
         cfg = self.config

@@ -18,7 +18,7 @@ def _arguments(value: Any) -> str:
         try:
             value = json.loads(value)
         except ValueError:
-            return value[:MAX_ARGUMENT_CHARS]
+            return str(value)[:MAX_ARGUMENT_CHARS]
     text = json.dumps(value, ensure_ascii=False, default=str)
     return text if len(text) <= MAX_ARGUMENT_CHARS else text[: MAX_ARGUMENT_CHARS - 1] + "…"
 

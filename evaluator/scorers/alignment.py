@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, cast
 
 import numpy as np
 
@@ -119,7 +119,7 @@ def align(
     if bare and m <= PYTHON_ROW_MAX:
         rows = _bare_rows(expected, obs_list, vocab)  # type: ignore[arg-type]  # no groups
     else:
-        rows = _numpy_rows(expected, obs_list, vocab, window_starts)
+        rows = cast(Sequence[Sequence[int]], _numpy_rows(expected, obs_list, vocab, window_starts))
     steps = _traceback(expected, observed, rows, window_starts)
     return Alignment(distance=int(rows[-1][m]), steps=steps)
 
@@ -190,7 +190,7 @@ def _numpy_rows(
             a = np.empty(m + 1, dtype=dtype)
             a[0] = prev[0] + 1
             np.minimum(prev[1:] + 1, prev[:-1] + cost, out=a[1:])
-            row = np.minimum.accumulate(a - cols) + cols
+            row = np.minimum.accumulate(np.subtract(a, cols)) + cols
         rows.append(row)
     return rows
 
@@ -221,7 +221,7 @@ def _range_argmin(
     level = log2[hi - lo + 1]
     left = table[level, lo]
     right = table[level, hi - (1 << level) + 1]
-    return np.where(values[right] <= values[left], right, left)
+    return cast(np.ndarray, np.where(values[right] <= values[left], right, left))
 
 
 def _group_sources(
@@ -257,7 +257,7 @@ def _breakpoints(obs: Sequence[int], group: Sequence[str], vocab: dict[_Key, int
     """B[j] = positions p < j where M(., j) steps up, descending, padded with -1 to width g."""
     g = len(group)
     sources, class_sources, class_sizes = _group_sources(group, vocab)
-    recent = {sid: deque(maxlen=cap) for sid, (_, cap) in sources.items()}
+    recent: dict[int, deque[int]] = {sid: deque(maxlen=cap) for sid, (_, cap) in sources.items()}
     per_class: list[list[int]] = [[] for _ in class_sizes]
     current = [-1] * g
     out = [current]
@@ -330,10 +330,10 @@ def claim_window(group: Sequence[str], window: Sequence[Step]) -> list[int | Non
         for w, step in enumerate(window):
             if step.kind != kind:
                 continue
-            for member in pool.get(step.name if kind == "AGENT" else step.key, ()):
-                if not taken[member]:
-                    taken[member] = True
-                    claimed[w] = member
+            for slot in pool.get(step.name if kind == "AGENT" else step.key, ()):
+                if not taken[slot]:
+                    taken[slot] = True
+                    claimed[w] = slot
                     break
     return claimed
 

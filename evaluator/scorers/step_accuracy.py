@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from ..expected_steps import ExpectedStep, ExpectedStepsError, ScoringMethod, validate_expected_steps
 from ..model import Step
@@ -53,7 +53,7 @@ def _strict(expected: Sequence[str], observed: Sequence[Step]) -> tuple[list[dic
             continue
         same = names_match(name, observed[index])
         correct += same
-        op = "match" if same else "substitute"
+        op: Literal["match", "substitute"] = "match" if same else "substitute"
         entries.append(_entry(AlignedStep(op, name, observed[index].name, index)))
     return entries, correct
 

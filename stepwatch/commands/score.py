@@ -691,19 +691,30 @@ def _print_table(records: list[Record], explains: dict[int, list[str]], out: Tex
 
 
 def _summary(records: list[Record]) -> str:
+    """The partition count, then one line per metric (in first-seen order): how many were scored,
+    the mean score, and the pass rate over the results that have a verdict (statistics without a
+    maximum have none: `-`); not-scored and errored results are counted, never averaged."""
     errors = sum(record.failed for record in records)
-    scored = [
-        result
-        for record in records
-        for result in record.results
-        if result.metric == SUMMARY_METRIC and result.score is not None
-    ]
-    text = f"{len(records)} partition(s), {errors} with errors"
-    if scored:
-        mean = sum(result.score for result in scored) / len(scored)
-        passed = sum(bool(result.passed) for result in scored)
-        text += (
-            f"; {SUMMARY_METRIC}: {len(scored)} scored, mean {mean:.3f}, "
-            f"pass rate {passed}/{len(scored)} ({100 * passed / len(scored):.0f}%)"
-        )
-    return text
+    head = f"{len(records)} partition(s), {errors} with errors"
+    by_metric: dict[str, list[Any]] = {}
+    for record in records:
+        for result in record.results:
+            by_metric.setdefault(result.metric, []).append(result)
+    if not by_metric:
+        return head
+    rows: list[tuple[str, ...]] = [("METRIC", "SCORED", "MEAN", "PASS RATE", "NOT SCORED", "ERRORS")]
+    for metric, results in by_metric.items():
+        scored = [r for r in results if r.score is not None and r.error is None]
+        judged = [r for r in scored if r.passed is not None]
+        mean = "-"
+        if scored:
+            value = sum(r.score for r in scored) / len(scored)
+            mean = f"{value:.1f}" if metric in INTEGER_METRICS else f"{value:.3f}"
+        rate = "-"
+        if judged:
+            passed = sum(bool(r.passed) for r in judged)
+            rate = f"{passed}/{len(judged)} ({100 * passed / len(judged):.0f}%)"
+        failed = sum(r.error is not None for r in results)
+        skipped = len(results) - len(scored) - failed
+        rows.append((metric, str(len(scored)), mean, rate, str(skipped), str(failed)))
+    return "\n".join([head, *_columns(rows)])

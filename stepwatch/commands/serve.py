@@ -7,6 +7,14 @@ import argparse
 HELP = "Run the streaming evaluator: OTLP receivers in, scores out (Prometheus /metrics)."
 
 
+GC_THRESHOLDS = (20_000, 20, 50)
+"""Scoring allocates many short-lived objects while the buffer holds many long-lived ones; with
+CPython's default gen0 threshold (700) collections cost ~30% of close time (docs/serve.md). These
+are the thresholds every published figure was measured with (Service.start used to override the
+(100_000, 50, 100) this command set; gc.freeze() after start-up was ~2 us/span faster still, but a
+restarted `serve` with a Kafka spool then never scored)."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
@@ -25,22 +33,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="/metrics, /healthz, /readyz bind address (default localhost:9464)",
     )
     parser.add_argument(
-        "--expectations", metavar="FILE", help="expectations file (YAML or JSON), watched for changes"
+        "--expectations",
+        metavar="FILE",
+        help="expectations file (YAML or JSON), watched for changes (default: none; every partition "
+        "gets only the expectation-free scorers)",
     )
     parser.add_argument(
         "--trace-idle-timeout",
         type=float,
         metavar="SECONDS",
-        help="close a trace this long after its last span",
+        help="close a trace this long after its last span, once its root span ended (default 2.0)",
     )
     parser.add_argument(
         "--session-idle-timeout",
         type=float,
         metavar="SECONDS",
-        help="close a session this long after its last span",
+        help="close a session this long after the last span of any of its traces (default 30.0)",
     )
     parser.add_argument(
-        "--data-dir", metavar="DIR", help="state directory: write-ahead log of accepted spans in DIR/wal"
+        "--data-dir",
+        metavar="DIR",
+        help=f"state directory: write-ahead log of accepted spans in DIR/wal, Kafka spool in "
+        f"DIR/kafka-spool (default ./{EMBEDDED_DATA_DIR}, created in the working directory)",
     )
     parser.add_argument(
         "--no-wal",
@@ -52,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kafka-bootstrap",
         metavar="HOST:PORT[,...]",
-        help="Kafka bootstrap servers: turns on Kafka score events, and serves --kafka-ingest-topic too",
+        help="Kafka bootstrap servers: turns on Kafka score events, and serves --kafka-ingest-topic too (default: off)",
     )
     parser.add_argument(
         "--kafka-topic", metavar="NAME", help="topic of the score events (default stepwatch.scores)"
@@ -65,12 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--otlp-metrics-endpoint",
         metavar="URL",
-        help="OTLP/gRPC endpoint (http://host:4317): turns on OTel score metrics and evaluation events",
+        help="OTLP/gRPC endpoint (http://host:4317): turns on OTel score metrics and evaluation events (default: off)",
     )
     parser.add_argument(
         "--kafka-ingest-topic",
         metavar="TOPIC",
-        help="consume OTLP traces from this topic (enables the receiver)",
+        help="consume OTLP traces from this topic (enables the receiver; default: off)",
     )
     parser.add_argument("--kafka-ingest-group", metavar="GROUP", help="consumer group (default stepwatch)")
     parser.add_argument(
@@ -79,7 +93,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="message encoding (default otlp_proto)",
     )
     parser.add_argument(
-        "--tls-cert", metavar="FILE", help="PEM certificate for the OTLP receivers (TLS; reloaded on change)"
+        "--tls-cert",
+        metavar="FILE",
+        help="PEM certificate for the OTLP receivers (TLS; reloaded on change; default: plaintext)",
     )
     parser.add_argument("--tls-key", metavar="FILE", help="PEM private key for --tls-cert")
     parser.add_argument(
@@ -88,9 +104,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--auth-tokens",
         metavar="FILE",
-        help="YAML bearer tokens, tenant -> [tokens] (a bare list: one tenant); requests without one get 401",
+        help="YAML bearer tokens, tenant -> [tokens] (a bare list: one tenant); requests without one get 401 "
+        "(default: $STEPWATCH_AUTH_TOKENS, else no auth)",
     )
-    parser.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="logging level")
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="logging level, any case (default INFO)",
+    )
+    parser.add_argument(
+        "--log-format",
+        type=str.lower,
+        choices=("text", "json"),
+        help="text lines, or one JSON object a line for log pipelines (default text)",
+    )
 
 
 EMBEDDED_DATA_DIR = "stepwatch-data"
@@ -143,6 +171,7 @@ def flag_overrides(args: argparse.Namespace) -> dict[str, tuple[object, str]]:
         "receivers.kafka.group_id": (getattr(args, "kafka_ingest_group", None), "--kafka-ingest-group"),
         "receivers.kafka.encoding": (getattr(args, "kafka_ingest_encoding", None), "--kafka-ingest-encoding"),
         "logging.level": (getattr(args, "log_level", None), "--log-level"),
+        "logging.format": (getattr(args, "log_format", None), "--log-format"),
         "security.receivers_tls.cert_file": (getattr(args, "tls_cert", None), "--tls-cert"),
         "security.receivers_tls.key_file": (getattr(args, "tls_key", None), "--tls-key"),
         "security.receivers_tls.client_ca_file": (getattr(args, "tls_client_ca", None), "--tls-client-ca"),
@@ -165,7 +194,8 @@ def run(args: argparse.Namespace) -> int:
     from stepwatch.cli import UsageError
     from stepwatch.config import ConfigError, load_config
     from stepwatch.evaluator.expectations_store import ExpectationsError
-    from stepwatch.security import AuthConfigError, SecretsLogFilter, TLSConfigError
+    from stepwatch.logs import configure as configure_logging
+    from stepwatch.security import AuthConfigError, TLSConfigError
 
     try:
         config = load_config(Path(args.config) if args.config else None, flags=flag_overrides(args))
@@ -176,12 +206,8 @@ def run(args: argparse.Namespace) -> int:
         # so a restart of a zero-config `stepwatch serve` loses no accepted span either.
         durability = config.durability.model_copy(update={"data_dir": Path(EMBEDDED_DATA_DIR)})
         config = config.model_copy(update={"durability": durability})
-    logging.basicConfig(level=config.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for handler in logging.getLogger().handlers:  # in case a library logs an Authorization header
-        handler.addFilter(SecretsLogFilter())
-    # Buffered spans are many long-lived objects; default GC thresholds re-scan them constantly while
-    # scoring allocates (measured: ~30% of scoring time with 250k spans buffered, bench/bench_e2e.py).
-    gc.set_threshold(100_000, 50, 100)
+    configure_logging(config.logging)
+    gc.set_threshold(*GC_THRESHOLDS)  # the process's, so set by its owner: an embedded Service leaves it
 
     async def main() -> int:
         from stepwatch.service import Service
@@ -198,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
             await service.start()
         except OSError as exc:
             await service.shutdown()
-            raise UsageError(f"cannot start: {exc}") from None
+            raise UsageError(f"cannot start: {exc.strerror or exc}") from None
         await stop.wait()
         logging.getLogger("stepwatch").info("signal received: draining")
         await service.shutdown()

@@ -21,7 +21,7 @@ from .config import (
     TLSServerConfig,
 )
 from .limits import LimitCounters, LimitExceeded, PrometheusLimitMeter, apply_span_limits, scoring_guard
-from .redaction import Redactor, SecretsLogFilter, strip_content
+from .redaction import Redactor, SecretsLogFilter
 from .tenants import DEFAULT_TENANT, PerTenant, Tenant, TenantPolicy
 from .tls import (
     ReloadingSSLContext,
@@ -70,5 +70,4 @@ __all__ = [
     "otlp_http_exporter_tls_kwargs",
     "scoring_guard",
     "server_ssl_context",
-    "strip_content",
 ]

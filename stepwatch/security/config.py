@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 TLSVersion = Literal["1.2", "1.3"]
 DEFAULT_TENANT_NAME = "default"
+"""The implicit tenant (tenancy off, no auth, Kafka): its buffer keys are the bare trace ids."""
 
 
 class _Model(BaseModel):
@@ -134,15 +135,16 @@ class TenancyConfig(_Model):
 
 MOVED_TO_BUFFER = ("max_spans_per_trace", "max_traces_per_session")
 """Keys an earlier release also took under security.limits (the smaller of the two applied)."""
+MOVED_TO_RECEIVERS = {
+    "max_message_bytes": "receivers.grpc.max_recv_message_bytes",
+    "max_http_body_bytes": "receivers.http.max_body_bytes",
+}
+"""Request size caps an earlier release took both here and under receivers (the smaller applied)."""
 
 
 class LimitsConfig(_Model):
     """Caps against hostile or runaway input; each is metered (stepwatch_limits_exceeded_total{limit})."""
 
-    max_message_bytes: int = Field(default=4 * 1024 * 1024, gt=0, description="gRPC message size.")
-    max_http_body_bytes: int = Field(
-        default=20 * 1024 * 1024, gt=0, description="HTTP body size, after decompression (413 over it)."
-    )
     max_spans_per_request: int = Field(default=10_000, gt=0)
     max_attributes_per_span: int = Field(default=128, gt=0, description="Extra attributes are dropped.")
     max_attribute_value_length: int = Field(
@@ -167,6 +169,19 @@ class LimitsConfig(_Model):
     max_traces_per_session: None = Field(
         default=None, exclude=True, repr=False, description="Moved to buffer."
     )
+    max_message_bytes: None = Field(default=None, exclude=True, repr=False, description="Moved to receivers.")
+    max_http_body_bytes: None = Field(
+        default=None, exclude=True, repr=False, description="Moved to receivers."
+    )
+
+    @field_validator(*MOVED_TO_RECEIVERS, mode="before")
+    @classmethod
+    def _moved_to_receivers(cls, value: object, info: ValidationInfo) -> None:
+        """A request's size has one limit, on its receiver."""
+        raise ValueError(
+            f"moved to {MOVED_TO_RECEIVERS[str(info.field_name)]} (the one limit on a request's size); "
+            "set it there and remove it here"
+        )
 
     @field_validator(*MOVED_TO_BUFFER, mode="before")
     @classmethod

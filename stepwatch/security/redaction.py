@@ -17,26 +17,6 @@ from .config import PrivacyConfig
 
 REDACTED = "[REDACTED]"
 
-CONTENT_KEYS: frozenset[str] = frozenset(
-    {
-        "input",
-        "output",
-        "inputs",
-        "outputs",
-        "prompt",
-        "prompts",
-        "completion",
-        "messages",
-        "arguments",
-        "result",
-        "final_answer",
-        "input_value",
-        "output_value",
-        "system_instructions",
-    }
-)
-"""Keys whose values are step content in score metadata and events (any nesting level)."""
-
 _BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
 
 
@@ -84,39 +64,6 @@ class Redactor:
 
     def redact_spans(self, spans: list[Span]) -> list[Span]:
         return [self.redact_span(s) for s in spans] if self.active else spans
-
-
-def strip_content(value: Any, include_content: bool) -> Any:
-    """Score metadata / event payload with content-bearing keys removed unless content is allowed.
-
-    `value` itself when there is nothing to remove: most metadata carries no content, and copying
-    it for every result of every event was most of what stripping cost. Callers must not mutate
-    the result (it may be shared), as with `include_content`."""
-    if include_content or not has_content(value):
-        return value
-    return _without_content(value)
-
-
-def has_content(value: Any) -> bool:
-    """Whether a dict anywhere in `value` (through dicts, lists and tuples) has a CONTENT_KEYS key."""
-    if isinstance(value, dict):
-        if not CONTENT_KEYS.isdisjoint(value):
-            return True
-        items: Iterable[Any] = value.values()
-    elif isinstance(value, (list, tuple)):
-        items = value
-    else:
-        return False
-    return any(isinstance(item, (dict, list, tuple)) and has_content(item) for item in items)
-
-
-def _without_content(value: Any) -> Any:
-    """A copy of `value` with every CONTENT_KEYS entry removed at any nesting level."""
-    if isinstance(value, dict):
-        return {k: _without_content(v) for k, v in value.items() if k not in CONTENT_KEYS}
-    if isinstance(value, (list, tuple)):  # scorer metadata may hold tuples; exporters write lists
-        return [_without_content(v) for v in value]
-    return value
 
 
 def scrub_secrets(text: str) -> str:

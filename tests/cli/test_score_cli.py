@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from shared_paths import CORPUS
 
 STEPWATCH = str(Path(sys.executable).with_name("stepwatch"))
-CORPUS = Path("/work/shared/corpus")
 TRIP = CORPUS / "pai_trip_parallel_tools.pb"
 TRIP_EXPECTED = '["trip_planner", "get_weather", "get_exchange_rate", "book_hotel"]'
 
@@ -73,10 +73,20 @@ def test_table_has_summary_and_explain_shows_alignment() -> None:
         for line in out.splitlines()
         if line.strip().startswith("1 ")
     )
-    assert out.splitlines()[-1].startswith(
-        "2 partition(s), 0 with errors; agent.step_accuracy: 2 scored, mean "
-    )
-    assert "pass rate 0/2 (0%)" in out.splitlines()[-1]
+    summary = out.splitlines()[-6:]
+    assert summary[0] == "2 partition(s), 0 with errors"
+    assert summary[1].split() == ["METRIC", "SCORED", "MEAN", "PASS", "RATE", "NOT", "SCORED", "ERRORS"]
+    by_metric = {line.split()[0]: line.split()[1:] for line in summary[2:]}
+    # every scorer that ran is summarised, not only agent.step_accuracy
+    assert set(by_metric) == {
+        "agent.step_accuracy",
+        "trajectory.step_count",
+        "trajectory.latency_seconds",
+        "trajectory.total_tokens",
+    }
+    scored, _, *rate = by_metric["agent.step_accuracy"][:4]
+    assert scored == "2" and rate == ["0/2", "(0%)"]
+    assert by_metric["trajectory.step_count"][2] == "-"  # a statistic without a maximum has no pass rate
 
 
 def test_explain_marks_groups() -> None:
@@ -156,7 +166,7 @@ def test_dataset_table_counts_errors(tmp_path: Path) -> None:
     )
     proc = run("score", "--dataset", str(dataset))
     assert proc.returncode == 1
-    assert proc.stdout.splitlines()[-1].startswith("2 partition(s), 1 with errors;")
+    assert "2 partition(s), 1 with errors" in proc.stdout.splitlines()
     assert proc.stderr == ""  # progress only on a terminal
 
 

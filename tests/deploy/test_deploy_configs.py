@@ -185,6 +185,11 @@ def test_kustomization_lists_every_manifest() -> None:
     kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     assert sorted(kustomization["resources"]) == sorted(p.name for p in K8S_MANIFESTS)
     assert kustomization["namespace"] == "stepwatch"
+    # `kustomize edit set image stepwatch=...` (docs/operations.md) rewrites the image by this name
+    (image,) = kustomization["images"]
+    (container,) = _k8s_objects()[("StatefulSet", "stepwatch")]["spec"]["template"]["spec"]["containers"]
+    assert container["image"].split(":")[0] == image["name"] == "stepwatch"
+    assert "kustomize edit set image" in (DEPLOY.parent / "docs" / "operations.md").read_text()
 
 
 def _matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
@@ -216,6 +221,27 @@ def test_statefulset_follows_kubernetes_best_practice() -> None:
     assert mounts[claim["metadata"]["name"]] == "/var/lib/stepwatch"
     pdb = objects[("PodDisruptionBudget", "stepwatch")]
     assert _matches(pdb["spec"]["selector"]["matchLabels"], pod["metadata"]["labels"])
+
+
+def test_pods_get_no_service_link_variables() -> None:
+    """Service links for stepwatch-metrics / stepwatch-gateway would put STEPWATCH_METRICS_PORT=tcp://...
+    in Stepwatch's environment: off in every pod template (the parser also ignores them)."""
+    templates = [
+        doc["spec"]["template"]["spec"]
+        for doc in _k8s_objects().values()
+        if doc["kind"] in {"StatefulSet", "Deployment", "DaemonSet"}
+    ]
+    assert len(templates) == 2
+    assert all(spec.get("enableServiceLinks") is False for spec in templates)
+
+
+def test_the_statefulset_environment_is_valid_stepwatch_config(tmp_path: Path) -> None:
+    from stepwatch.config import load_config
+
+    (container,) = _k8s_objects()[("StatefulSet", "stepwatch")]["spec"]["template"]["spec"]["containers"]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    logging = load_config(environ=env).logging
+    assert (logging.level, logging.format) == ("INFO", "json")
 
 
 def test_servicemonitor_selects_the_metrics_service_port() -> None:
@@ -274,6 +300,21 @@ def test_collector_load_balances_traces_by_trace_id_and_sessions_by_session_id()
 
 
 # --- Stepwatch's own configuration ---------------------------------------------------------------
+
+
+def test_the_configmap_is_generated_from_the_container_config() -> None:
+    """deploy/k8s/configmap.yaml is deploy/config/*.yaml verbatim (comments included), by the
+    generator: an edit to one without the other fails here."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("configmap_generator", K8S / "generate_configmap.py")
+    assert spec is not None and spec.loader is not None
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    assert (K8S / "configmap.yaml").read_text() == generator.render(), "run deploy/k8s/generate_configmap.py"
+    data = _k8s_objects()[("ConfigMap", "stepwatch-config")]["data"]
+    assert data["config.yaml"] == (DEPLOY / "config" / "stepwatch.yaml").read_text()
+    assert data["expectations.yaml"] == (DEPLOY / "config" / "expectations.yaml").read_text()
 
 
 def test_container_config_and_expectations_validate_with_stepwatch(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ _DEFAULT_LABEL_VALUES = {
     "exporter": ("kafka",),
     "backend": ("openai",),
     "partition": ("0",),
+    "limit": ("spans_per_request",),
 }
 # What Grafana substitutes for the dashboard's variables when "All" is selected.
 _GRAFANA_VARIABLES = {
@@ -99,7 +100,7 @@ def _synthetic_series() -> list[dict[str, str]]:
         "stepwatch_kafka_spool_bytes_limit": 1048576,
         "stepwatch_wal_bytes_limit": 1048576,
         "stepwatch_expectations_valid": 1,
-        "stepwatch_evaluation_last_score": 0.8,
+        "stepwatch_evaluation_last_score_ratio": 0.8,
     }
     out = []
     for spec in metric_contract().values():
@@ -213,7 +214,7 @@ def test_every_dashboard_expression_parses_and_returns_data(tmp_path: Path) -> N
     "broken",
     [
         "sum(rate(stepwatch_spans_recieved_total[$__rate_interval]))",  # typo in a metric name
-        'sum by (task_key) (stepwatch_evaluation_last_score{metric="agent_step_accuracy"})',  # wrong label value
+        'sum by (task_key) (stepwatch_evaluation_last_score_ratio{metric="agent_step_accuracy"})',  # wrong label value
         "sum(rate(stepwatch_spans_received_total[$__rate_interval])",  # does not parse
     ],
 )

@@ -187,7 +187,7 @@ def test_prometheus_scrapes_scores_of_traces_sent_with_the_otel_sdk(stack: dict[
     )
     scores = {}
     for task_key in ("refund-order", "returns"):
-        selector = f'stepwatch_evaluation_last_score{{job="stepwatch",metric="agent.step_accuracy",task_key="{task_key}"}}'
+        selector = f'stepwatch_evaluation_last_score_ratio{{job="stepwatch",metric="agent.step_accuracy",task_key="{task_key}"}}'
         result = _wait(lambda s=selector: _query(base, s), f"{task_key} score in Prometheus", stack["procs"])
         assert len(result) == 1
         assert result[0]["metric"]["partition_type"] == "trace"

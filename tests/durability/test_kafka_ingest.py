@@ -8,7 +8,6 @@ import logging
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Hashable, Iterable, Iterator
 
 import pytest
@@ -17,6 +16,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from durability_otlp import new_trace_id, to_otlp_json, trace_request
 from kafka_broker import TansuBroker
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from waiting import eventually
 
 from stepwatch.config import load_config
 from stepwatch.evaluator.clock import ManualClock
@@ -80,14 +80,6 @@ async def _produce(bootstrap: str, topic: str, messages: list[tuple[bytes, bytes
         await producer.stop()
 
 
-async def _until(predicate: object, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 def _config(broker: TansuBroker, topic: str, group: str, **overrides: object) -> KafkaIngestConfig:
     values: dict[str, object] = {
         "bootstrap_servers": broker.bootstrap,
@@ -149,15 +141,16 @@ async def test_service_consumes_collector_encodings_and_skips_a_bad_message(
     try:
         ingest = service.kafka_ingest
         assert ingest is not None
-        await _until(lambda: service.accounting.received["kafka"] == 24, what="the 6 traces' 24 spans")
-        await _until(lambda: ingest.watermark(tp) == 1, what="the bad message past the watermark")
+        await eventually(lambda: service.accounting.received["kafka"] == 24, what="the 6 traces' 24 spans")
+        await eventually(lambda: ingest.watermark(tp) == 1, what="the bad message past the watermark")
         assert service.accounting.requests_rejected["decode"] == 1
         assert sum(service.accounting.rejected.values()) == 0
         assert service.buffer.buffered_spans == 24
     finally:
         await service.shutdown(grace=1.0)
     assert any(
-        record.levelno == logging.WARNING and f"{topic}[0]@0" in record.getMessage()
+        record.levelno == logging.WARNING
+        and f"{topic}[0]@0" in record.getMessage() + str(getattr(record, "fields", ""))
         for record in caplog.records
     ), "the skipped message is logged by topic, partition and offset"
     # the bad message never held its partition; the unscored traces did (and were handed over)
@@ -189,7 +182,7 @@ async def test_full_sink_retries_the_same_message_and_reads_nothing_past_it(brok
     )
     await ingest.start()
     try:
-        await _until(lambda: len(recorder.messages) == 4, what="all 4 messages")
+        await eventually(lambda: len(recorder.messages) == 4, what="all 4 messages")
         assert attempts == [0, 1, 1, 1, 1, 2, 3], "message 1 retried until taken, nothing read past it"
         assert [m.offset for m in recorder.messages] == [0, 1, 2, 3]
         assert ingest.watermark(tp) == 0
@@ -217,10 +210,10 @@ async def test_offsets_are_committed_only_up_to_the_oldest_unemitted_message(bro
     ingest = KafkaIngest(_config(broker, topic, group), first, first.on_lost)
     await ingest.start()
     try:
-        await _until(lambda: len(first.messages) == 8, what="8 messages")
+        await eventually(lambda: len(first.messages) == 8, what="8 messages")
         for index in (0, 1, 3):
             ingest.release(trace_ids[index].hex())
-        await _until(lambda: ingest.watermark(tp) == 2, what="watermark at the unemitted message 2")
+        await eventually(lambda: ingest.watermark(tp) == 2, what="watermark at the unemitted message 2")
     finally:
         await ingest.stop()
     assert await _committed(broker, group, tp) == 2
@@ -233,10 +226,10 @@ async def test_offsets_are_committed_only_up_to_the_oldest_unemitted_message(bro
     ingest = KafkaIngest(_config(broker, topic, group), second, second.on_lost)
     await ingest.start()
     try:
-        await _until(lambda: len(second.messages) == 6, what="the 6 replayed messages")
+        await eventually(lambda: len(second.messages) == 6, what="the 6 replayed messages")
         for trace_id in trace_ids:
             ingest.release(trace_id.hex())
-        await _until(lambda: ingest.watermark(tp) == 8, what="everything emitted")
+        await eventually(lambda: ingest.watermark(tp) == 8, what="everything emitted")
         await asyncio.sleep(0.2)  # let a periodic commit happen while running
         assert await _committed(broker, group, tp) == 8
     finally:
@@ -315,7 +308,7 @@ def test_killed_consumer_commits_nothing_past_the_watermark(broker: TansuBroker)
         again = KafkaIngest(_config(broker, topic, group), replay, replay.on_lost)
         await again.start()
         try:
-            await _until(
+            await eventually(
                 lambda: len(replay.messages) == 4, timeout=45, what="replay after the session timeout"
             )
         finally:
@@ -336,7 +329,7 @@ async def test_rebalance_hands_partitions_over_and_the_new_owner_rebuilds(broker
     first = RecordingSink()
     a = KafkaIngest(_config(broker, topic, group), first, first.on_lost)
     await a.start()
-    await _until(lambda: len(first.messages) == 40, what="A reads all 40")
+    await eventually(lambda: len(first.messages) == 40, what="A reads all 40")
     emitted = {t.hex() for t in trace_ids[:10]}
     for key in emitted:
         a.release(key)
@@ -345,11 +338,11 @@ async def test_rebalance_hands_partitions_over_and_the_new_owner_rebuilds(broker
     b = KafkaIngest(_config(broker, topic, group), second, second.on_lost)
     await b.start()
     try:
-        await _until(lambda: len(a.owned) + len(b.owned) == 4 and b.owned, timeout=45, what="rebalance")
+        await eventually(lambda: len(a.owned) + len(b.owned) == 4 and b.owned, timeout=45, what="rebalance")
         lost_keys = set().union(*(keys for _, keys in first.lost))
         moved = {tp.partition for tp in b.owned}
         # A dropped exactly the unemitted traces of the partitions it lost; B rebuilt those
-        await _until(lambda: set(second.traces) >= lost_keys, what="B rebuilds the moved traces")
+        await eventually(lambda: set(second.traces) >= lost_keys, what="B rebuilds the moved traces")
         assert lost_keys and not (lost_keys & emitted)
         assert {m.partition for m in second.messages} <= moved
         with_a = set(first.traces) - lost_keys - emitted
@@ -359,3 +352,75 @@ async def test_rebalance_hands_partitions_over_and_the_new_owner_rebuilds(broker
     finally:
         await b.stop()
         await a.stop()
+
+
+class _Events:
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.events: list[object] = []
+
+    async def start(self) -> None:
+        return None
+
+    async def export(self, events: object) -> None:
+        self.events.extend(events)  # type: ignore[call-overload]
+
+    async def shutdown(self) -> None:
+        return None
+
+
+async def test_a_message_delivered_again_after_its_trace_was_scored_is_a_duplicate(
+    broker: TansuBroker,
+) -> None:
+    """A re-read message (a rebalance re-reading from the commit, a producer retry without
+    idempotence) carries spans already scored: duplicates, never a revision that doubles every step."""
+    topic, group = "spans-redelivery", "g-redelivery"
+    tp = TopicPartition(topic, 0)
+    await _create_topic(broker.bootstrap, topic, 1)
+    scored_id, open_id = new_trace_id(), new_trace_id()
+    rootless = trace_request([open_id], spans_per_trace=2)
+    for span in rootless.resource_spans[0].scope_spans[0].spans:
+        span.parent_span_id = b"\x07" * 8  # no root yet: stays open (rootless timeout) and holds offset 0
+    scored = trace_request([scored_id], spans_per_trace=4).SerializeToString()
+    await _produce(broker.bootstrap, topic, [(open_id, rootless.SerializeToString()), (scored_id, scored)])
+    environ = {
+        "STEPWATCH_RECEIVERS__GRPC__ENABLED": "false",
+        "STEPWATCH_RECEIVERS__HTTP__ENABLED": "false",
+        "STEPWATCH_EXPORTERS__PROMETHEUS__ENDPOINT": "127.0.0.1:0",
+        "STEPWATCH_RECEIVERS__KAFKA__ENABLED": "true",
+        "STEPWATCH_RECEIVERS__KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap,
+        "STEPWATCH_RECEIVERS__KAFKA__TOPIC": topic,
+        "STEPWATCH_RECEIVERS__KAFKA__GROUP_ID": group,
+        "STEPWATCH_RECEIVERS__KAFKA__INITIAL_OFFSET": "earliest",
+        "STEPWATCH_RECEIVERS__KAFKA__COMMIT_INTERVAL_MS": "50",
+    }
+    clock = ManualClock()
+    recorder = _Events()
+    service = Service(load_config(None, environ=environ), clock=clock, exporters=[recorder])
+    await service.start()
+
+    async def settle(seconds: float) -> None:
+        clock.advance(seconds)
+        service.sweep_now()
+        while service._inflight:
+            await asyncio.gather(*list(service._inflight))
+        await service.fanout.flush()
+
+    try:
+        acc = service.accounting
+        await eventually(lambda: acc.received["kafka"] == 6, what="both messages")
+        await settle(2.5)
+        assert acc.scored == 4 and len(recorder.events) == 1
+        await _produce(broker.bootstrap, topic, [(scored_id, scored)])  # the same message again
+        await eventually(lambda: acc.received["kafka"] == 10, what="the redelivered message")
+        await settle(2.5)
+        assert (acc.duplicates["received"], acc.late, acc.scored) == (4, 0, 4)
+        assert [e.revision for e in recorder.events] == [0], "no revision from a redelivery"  # type: ignore[attr-defined]
+        assert service.kafka_ingest is not None and service.kafka_ingest.watermark(tp) == 0
+        await settle(31.0)  # the rootless trace closes; nothing holds the partition any more
+        assert acc.scored == 6
+        await eventually(lambda: service.kafka_ingest.watermark(tp) == 3, what="the watermark past all three")  # type: ignore[union-attr]
+    finally:
+        await service.shutdown(grace=1.0)
+    assert await _committed(broker, group, tp) == 3

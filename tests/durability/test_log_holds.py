@@ -42,6 +42,7 @@ async def _settle(service: Service, clock: ManualClock, seconds: float) -> None:
     while service._inflight:
         await asyncio.gather(*list(service._inflight))
     await service.fanout.flush()
+    await service.flush_decisions()
 
 
 async def test_a_trace_late_to_a_closed_session_releases_its_log_record(tmp_path: Path) -> None:

@@ -60,3 +60,32 @@ def test_dropping_lost_partitions_returns_their_keys_and_frees_other_partitions(
     tracker.release("trace-b")
     assert tracker.watermark(TP1) == 8
     assert tracker.held_keys() == 1
+
+
+def test_the_commit_never_lands_inside_a_scored_partition() -> None:
+    """A re-read from the commit must rebuild whole partitions, never a scored trace's tail."""
+    tracker = OffsetTracker()
+    _feed(tracker, TP0, 5, ["scored"])
+    _feed(tracker, TP0, 7, ["open"])
+    _feed(tracker, TP0, 9, ["scored"])
+    _feed(tracker, TP0, 10, ["later"])
+    tracker.release("scored")  # its messages are 5 and 9; "open" still holds 7
+    assert tracker.watermark(TP0) == 5, "committing 7 would re-read offset 9 alone after a crash"
+    tracker.release("later")
+    assert tracker.watermark(TP0) == 5
+    tracker.release("open")
+    assert tracker.watermark(TP0) == 11
+    assert tracker.to_commit() == {TP0: 11}
+
+
+def test_scored_partitions_that_overlap_release_together() -> None:
+    tracker = OffsetTracker()
+    _feed(tracker, TP0, 1, ["a"])
+    _feed(tracker, TP0, 2, ["b"])
+    _feed(tracker, TP0, 3, ["a", "open"])
+    _feed(tracker, TP0, 4, ["b"])
+    tracker.release("a")
+    tracker.release("b")
+    assert tracker.watermark(TP0) == 1, "open (3) lies inside a (1..3): back to a's first message"
+    tracker.release("open")
+    assert tracker.watermark(TP0) == 5

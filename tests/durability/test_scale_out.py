@@ -15,10 +15,10 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from kafka_broker import TansuBroker
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from shared_paths import LOADGEN
 
 pytestmark = pytest.mark.slow
 
-LOADGEN = Path("/work/shared/tools/loadgen/otlp_loadgen.py")
 RUNNER = Path(__file__).with_name("serve_recording.py")
 TOPIC, GROUP, PARTITIONS = "otlp_spans", "stepwatch", 6
 

@@ -7,6 +7,7 @@ import pytest
 from stepwatch.evaluator.accounting import SpanAccounting
 from stepwatch.evaluator.buffer import ROOT_ENDED, BufferLimits, ClosedPartition, PartitionBuffer
 from stepwatch.evaluator.clock import ManualClock
+from stepwatch.evaluator.ledger import DecisionLedger, LedgerLimits
 
 
 def rec(trace: int, span: int, root: bool = False) -> tuple[bytes, bytes, int, bytes, object]:
@@ -76,7 +77,8 @@ def test_duplicates_are_counted_not_buffered() -> None:
     buf, _clock, acc = make()
     adm = buf.offer([rec(1, 1, root=True), rec(1, 1, root=True)])
     assert (adm.accepted, adm.duplicates) == (1, 1)
-    assert acc.rejected["duplicate"] == 1 and buf.buffered_spans == 1
+    assert acc.duplicates["received"] == 1 and buf.buffered_spans == 1
+    assert "duplicate" not in acc.rejected
 
 
 def test_full_buffer_takes_nothing_and_accepted_spans_still_close() -> None:
@@ -129,16 +131,29 @@ def test_late_span_counts_late_and_yields_one_coalesced_revision() -> None:
     assert acc.late == 2 and acc.scored == 2
 
 
-def test_late_span_after_window_is_a_new_trace() -> None:
-    buf, clock, acc = make(late_span_window=5.0)
+def test_span_after_window_is_late_while_the_ledger_remembers_then_a_new_trace() -> None:
+    clock = ManualClock()
+    acc = SpanAccounting()
+    limits = BufferLimits(trace_idle_timeout=2.0, late_span_window=5.0)
+    ledger = DecisionLedger(LedgerLimits(retention=20.0), clock.monotonic)
+    buf = PartitionBuffer(limits, acc, clock.monotonic, ledger)
     buf.offer([rec(1, 1, root=True)])
     clock.advance(2)
     (closed,) = buf.sweep()
     buf.settle_trace(closed)
     clock.advance(6)
+    assert buf.sweep() == []
+    # past the late window: a retry is still a duplicate, a new span is late and left out (a new
+    # partition revision 0 of a fragment would carry the scored trace's event_id with another score)
+    retry = buf.offer([rec(1, 1, root=True)])
+    assert (retry.accepted, retry.duplicates, retry.taken) == (0, 1, [])
+    late = buf.offer([rec(1, 2)])
+    assert (late.accepted, late.late, late.taken) == (0, 1, [])
+    clock.advance(30)
     buf.sweep()
-    assert buf.offer([rec(1, 2, root=True)]).accepted == 1
-    assert acc.late == 0
+    assert ledger.get((1).to_bytes(16, "big")) is None
+    assert buf.offer([rec(1, 3, root=True)]).accepted == 1  # forgotten: a new partition
+    assert (acc.late, acc.duplicates["received"]) == (1, 1)
 
 
 def test_late_spans_beyond_retention_are_counted_without_revision() -> None:
@@ -298,3 +313,94 @@ def test_a_revision_cancelled_by_eviction_is_handed_back_for_release() -> None:
     clock.advance(5)
     assert buf.sweep() == []  # no revision for trace 1
     assert acc.late == 1
+
+
+def _closed_and_settled(buf: PartitionBuffer, clock: ManualClock, acc: SpanAccounting) -> ClosedPartition:
+    clock.advance(2.1)
+    (closed,) = buf.sweep()
+    buf.settle_trace(closed)
+    score(buf, acc, closed)
+    return closed
+
+
+def test_retry_after_close_is_a_duplicate_not_a_revision() -> None:
+    buf, clock, acc = make()
+    request = [rec(1, 1, root=True), rec(1, 2), rec(1, 3)]
+    buf.offer(request)
+    _closed_and_settled(buf, clock, acc)
+    retry = buf.offer(request)  # the identical request, as an OTLP exporter re-sends it
+    assert (retry.accepted, retry.late, retry.duplicates, retry.taken) == (0, 0, 3, [])
+    clock.advance(10)
+    assert buf.sweep() == [], "a retry must not make a revision"
+    assert (acc.late, acc.duplicates["received"], acc.scored, buf.buffered_spans) == (0, 3, 3, 0)
+
+
+def test_retry_while_awaiting_routing_or_in_an_open_session_is_a_duplicate() -> None:
+    buf, clock, _acc = make()
+    buf.offer([rec(1, 1, root=True), rec(1, 2)])
+    clock.advance(2.1)
+    (closed,) = buf.sweep()
+    pending = buf.offer([rec(1, 2), rec(1, 3)])  # closed, not yet routed: 2 is a retry, 3 is new
+    assert (pending.accepted, pending.duplicates) == (1, 1)
+    assert pending.taken is not None and [r[1] for r in pending.taken] == [(3).to_bytes(8, "big")]
+    assert buf.join_session(closed, "s1", "task") == []
+    in_session = buf.offer([rec(1, 1, root=True), rec(1, 3), rec(1, 4)])
+    assert (in_session.accepted, in_session.duplicates) == (1, 2)
+    clock.advance(5.1)
+    (session,) = buf.sweep()
+    assert sorted(int.from_bytes(r[1], "big") for r in session.records) == [1, 2, 3, 4]
+
+
+def test_genuine_late_span_revises_the_union_and_its_retry_does_not() -> None:
+    buf, clock, acc = make()
+    buf.offer([rec(1, 1, root=True), rec(1, 2)])
+    _closed_and_settled(buf, clock, acc)
+    late = buf.offer([rec(1, 1, root=True), rec(1, 3)])  # a retry of 1 and a genuinely new 3
+    assert (late.late, late.duplicates) == (1, 1)
+    clock.advance(2.1)
+    (revision,) = buf.sweep()
+    assert revision.revision == 1
+    assert sorted(int.from_bytes(r[1], "big") for r in revision.records) == [1, 2, 3]
+    again = buf.offer([rec(1, 3)])
+    assert (again.late, again.duplicates) == (0, 1)
+    clock.advance(2.1)
+    assert buf.sweep() == []
+
+
+def test_a_trace_the_ledger_evicted_is_late_and_left_out_within_the_window() -> None:
+    clock = ManualClock()
+    acc = SpanAccounting()
+    limits = BufferLimits(trace_idle_timeout=2.0)
+    ledger = DecisionLedger(LedgerLimits(max_bytes=1), clock.monotonic)  # room for one entry only
+    buf = PartitionBuffer(limits, acc, clock.monotonic, ledger)
+    buf.offer([rec(1, 1, root=True), rec(2, 1, root=True)])
+    clock.advance(2.1)
+    for closed in buf.sweep():
+        buf.settle_trace(closed)
+        score(buf, acc, closed)
+    assert ledger.evictions == 1 and ledger.entries == 1
+    evicted = 1 if ledger.get((1).to_bytes(16, "big")) is None else 2
+    adm = buf.offer([rec(evicted, 1, root=True)])  # a retry or a new span: it cannot tell
+    assert (adm.late, adm.duplicates, adm.taken) == (1, 0, [])
+    clock.advance(2.1)
+    assert buf.sweep() == [], "no revision from a span the ledger cannot vouch for"
+
+
+def test_a_trace_closing_into_a_session_scored_earlier_is_late() -> None:
+    buf, clock, acc = make(late_span_window=1.0)
+    buf.offer([rec(1, 1, root=True)])
+    clock.advance(2.1)
+    (first,) = buf.sweep()
+    buf.join_session(first, "s1", "task")
+    clock.advance(5.1)
+    (session,) = buf.sweep()
+    score(buf, acc, session)
+    clock.advance(2)
+    buf.sweep()  # the session's late window has passed; the ledger still remembers it
+    buf.offer([rec(2, 1, root=True)])
+    clock.advance(2.1)
+    (second,) = buf.sweep()
+    assert buf.join_session(second, "s1", "task") == []
+    assert acc.late == 1 and buf.buffered_spans == 0
+    clock.advance(10)
+    assert buf.sweep() == [], "no revision 0 of a fragment of the scored session"

@@ -115,6 +115,11 @@ def test_file_reports_a_steps_error_alongside_other_fields() -> None:
     [
         ([{"must_call": "a", "before": "b"}], "rules[0].before: unknown field"),
         ([{"must_call": "a"}, {"must_not_call": "a", "bogus": 1}], "rules[1].bogus: unknown field"),
+        (
+            [{"must_cal": "a"}],
+            'rules[0]: a rule needs exactly one of must_call, must_not_call, max_steps, got {"must_cal": "a"}; '
+            "did you mean 'must_call'?",
+        ),
         ([{"must_not_call": "a", "before": 3}], "rules[0].before: Input should be a valid string"),
         ([{"max_steps": -1}], "rules[0].max_steps: Input should be greater than or equal to 0"),
         ([{"must_call": 3}], "rules[0].must_call: Input should be a valid string"),

@@ -11,13 +11,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from shared_paths import CORPUS
 
 from stepwatch.evaluator.expectation import Expectation
 from stepwatch.evaluator.model import Span
@@ -34,8 +34,6 @@ from stepwatch.receiver.ingest import split_request
 from stepwatch.receiver.otlp_proto import new_span
 from stepwatch.receiver.otlp_selective import decode_selected
 from stepwatch.receiver.records import decode_records, records_request_bytes
-
-CORPUS = Path("/work/shared/corpus")
 
 
 def _reference_unwrap(value: Any) -> Any:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from shared_paths import CORPUS
 
 from stepwatch.evaluator.expectation import Expectation
 from stepwatch.evaluator.model import Partition, Step
@@ -17,8 +18,6 @@ from stepwatch.evaluator.scorers.step_accuracy import (
     step_accuracy,
 )
 from stepwatch.evaluator.trajectory import Trajectory
-
-CORPUS = Path("/work/shared/corpus")
 
 
 def tools(*names: str) -> list[Step]:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
+from waiting import eventually
 
 from stepwatch.evaluator.model import Partition, Span
 from stepwatch.evaluator.results import ScoreResult
@@ -95,15 +94,6 @@ def make_event(
     )
 
 
-async def eventually(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
-    """Poll until predicate() holds; fail naming `what` after the deadline."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 class TopicReader:
     """Reads a topic from the beginning in the background, keeping (key, value) in arrival order."""
 
@@ -149,7 +139,9 @@ async def read_topic(
     """Everything on the topic, once at least `count` records have arrived."""
     reader = await TopicReader(bootstrap, topic).start()
     try:
-        await eventually(lambda: len(reader.records) >= count, timeout, f"{count} records on {topic}")
+        await eventually(
+            lambda: len(reader.records) >= count, timeout=timeout, what=f"{count} records on {topic}"
+        )
         await asyncio.sleep(0.3)  # anything beyond `count` (duplicates) arrives too
         return list(reader.records)
     finally:

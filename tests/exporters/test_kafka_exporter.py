@@ -147,7 +147,9 @@ async def test_broker_stopped_mid_stream_and_restarted_loses_nothing(
     if not restarted:
         broker.start()
 
-    await eventually(lambda: exporter.spool_pending == 0 and exporter.queued == 0, 60, "spool drained")
+    await eventually(
+        lambda: exporter.spool_pending == 0 and exporter.queued == 0, timeout=60, what="spool drained"
+    )
     assert spooled(registry) > 0  # the outage really went through the spool
     after = await read_topic(broker.bootstrap, TOPIC, len(exported) - len(life1))
     await exporter.shutdown()
@@ -177,7 +179,9 @@ async def test_paused_broker_spools_and_delivers_after_it_answers_again(
         await eventually(lambda: exporter.spool_pending > 0, what="events spooled while the broker hangs")
     finally:
         broker.resume()
-    await eventually(lambda: exporter.spool_pending == 0 and exporter.queued == 0, 60, "spool drained")
+    await eventually(
+        lambda: exporter.spool_pending == 0 and exporter.queued == 0, timeout=60, what="spool drained"
+    )
     await exporter.shutdown()
 
     records = await read_topic(broker.bootstrap, TOPIC, len(exported))

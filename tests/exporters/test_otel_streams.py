@@ -4,6 +4,7 @@ by in-test MetricsService/LogsService servers."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -314,7 +315,13 @@ async def test_unreachable_collector_never_blocks_export() -> None:
     await events_exporter.start()
     await metrics_exporter.start()
     events = [make_event(i % 7, i) for i in range(2000)]
+    started = time.monotonic()
     for event in events:  # no await: nothing here may wait on the network
         events_exporter.export(event)
         metrics_exporter.export(event)
+    # one export waiting on the 0.5 s connect timeout would make 2,000 of them take minutes
+    assert time.monotonic() - started < 5.0
+    # shutdown is bounded by the exporters' own timeouts, not by the unreachable collector
     await asyncio.wait_for(asyncio.gather(events_exporter.shutdown(), metrics_exporter.shutdown()), 60)
+    events_exporter.export(events[0])  # after shutdown: dropped, never raises
+    metrics_exporter.export(events[0])

@@ -59,11 +59,11 @@ async def test_a_key_removed_by_a_reload_loses_its_series_and_frees_its_slot() -
     assert task_keys(exporter) == {"search"}
     sample = exporter.registry.get_sample_value
     labels = {"metric": "agent.step_accuracy", "task_key": "search", "partition_type": "trace"}
-    assert sample("stepwatch_evaluation_last_score", labels) == 0.5
+    assert sample("stepwatch_evaluation_last_score_ratio", labels) == 0.5
     assert sample("stepwatch_evaluations_total", {**labels, "outcome": "fail"}) == 1.0
     gone = {**labels, "task_key": "refund"}
-    assert sample("stepwatch_evaluation_last_score", gone) is None
-    assert sample("stepwatch_evaluation_score_count", gone) is None
+    assert sample("stepwatch_evaluation_last_score_ratio", gone) is None
+    assert sample("stepwatch_evaluation_score_ratio_count", gone) is None
     assert (
         sample("stepwatch_evaluations_total", {**gone, "metric": "plan_adherence", "outcome": "not_scored"})
         is None
@@ -109,8 +109,8 @@ async def test_a_key_registered_again_after_a_reload_starts_from_zero() -> None:
     await exporter.export([scores("refund", STEP)])
     sample = exporter.registry.get_sample_value
     assert fails(exporter, "refund") == 1.0
-    assert sample("stepwatch_evaluation_score_count", {**LABELS, "task_key": "refund"}) == 1.0
-    assert sample("stepwatch_evaluation_last_score", {**LABELS, "task_key": "refund"}) == 0.5
+    assert sample("stepwatch_evaluation_score_ratio_count", {**LABELS, "task_key": "refund"}) == 1.0
+    assert sample("stepwatch_evaluation_last_score_ratio", {**LABELS, "task_key": "refund"}) == 0.5
 
 
 async def test_the_task_key_cap_bounds_cached_children_through_churn() -> None:
@@ -172,3 +172,55 @@ async def test_score_latency_is_exposed_with_the_configured_timeouts_bounds() ->
 
     assert [bucket(le) for le in ("0.525", "0.7", "0.75", "10.25", "+Inf")] == [1, 1, 3, 3, 3]
     assert exporter.latency_buckets == latency_buckets(0.5, 10.0)
+
+
+async def test_each_unit_has_its_own_family_and_plan_adherence_is_a_ratio() -> None:
+    """One histogram for 0-1 scores, 0-100 plan adherence, seconds, steps and tokens made `le` change
+    unit with `metric`: every unit now has its own family, with bounds for that unit."""
+    registered = {"refund"}
+    exporter = PrometheusExporter(max_task_keys=10, registered=registered.__contains__)
+    await exporter.export(
+        [
+            scores(
+                "refund",
+                ScoreResult(metric="agent.step_accuracy", score=0.75, passed=False),
+                ScoreResult(metric="plan_adherence", score=80.0, passed=True),
+                ScoreResult(metric="trajectory.step_count", score=4.0),
+                ScoreResult(metric="trajectory.latency_seconds", score=42.0),
+                ScoreResult(metric="trajectory.total_tokens", score=3000.0),
+            )
+        ]
+    )
+    sample = exporter.registry.get_sample_value
+    where = {"task_key": "refund", "partition_type": "trace"}
+    plan = {**where, "metric": "plan_adherence"}
+    assert sample("stepwatch_evaluation_score_ratio_sum", plan) == 0.8
+    assert sample("stepwatch_evaluation_last_score_ratio", plan) == 0.8
+    assert sample("stepwatch_evaluation_score_ratio_bucket", {**plan, "le": "0.7"}) == 0.0
+    assert sample("stepwatch_evaluation_score_ratio_bucket", {**plan, "le": "0.8"}) == 1.0
+    for family, value, below, at in (
+        ("stepwatch_trajectory_steps", 4.0, "3.0", "5.0"),
+        ("stepwatch_trajectory_duration_seconds", 42.0, "30.0", "60.0"),
+        ("stepwatch_trajectory_tokens", 3000.0, "2500.0", "5000.0"),
+    ):
+        assert sample(f"{family}_sum", where) == value, family
+        assert sample(f"{family}_bucket", {**where, "le": below}) == 0.0, family
+        assert sample(f"{family}_bucket", {**where, "le": at}) == 1.0, family
+    text = generate_latest(exporter.registry).decode()
+    assert (
+        'metric="trajectory.' not in text.split("# HELP stepwatch_evaluations_total")[0]
+    )  # no stats in the ratio families
+    ratio_buckets = [
+        ln for ln in text.splitlines() if ln.startswith("stepwatch_evaluation_score_ratio_bucket")
+    ]
+    assert len(ratio_buckets) == 2 * 11  # two metrics, 10 bounds + +Inf
+    assert (
+        sample("stepwatch_evaluations_total", {**where, "metric": "trajectory.step_count", "outcome": "pass"})
+        == 1
+    )
+
+    registered.clear()
+    exporter.expectations_reloaded(True)  # the key's statistics go with its scores
+    assert sample("stepwatch_trajectory_steps_count", where) is None
+    assert sample("stepwatch_evaluation_score_ratio_count", plan) is None
+    assert exporter._scored == {}

@@ -139,3 +139,27 @@ def test_partition_size_limits_live_under_buffer_and_the_old_key_names_the_new_o
     config = load_config(None, environ={f"STEPWATCH_BUFFER__{key.upper()}": "5"})
     assert getattr(config.buffer.limits(), key) == 5
     assert key not in config.security.limits.model_dump()
+
+
+@pytest.mark.parametrize(
+    ("key", "new"),
+    [
+        ("max_message_bytes", "receivers.grpc.max_recv_message_bytes"),
+        ("max_http_body_bytes", "receivers.http.max_body_bytes"),
+    ],
+)
+def test_request_size_limits_live_under_the_receivers_and_the_old_key_names_the_new_one(tmp_path, key, new):
+    """One key per limit: the security.limits copy of a receiver's size cap is refused."""
+    path = tmp_path / "stepwatch.yaml"
+    path.write_text(f"security:\n  limits:\n    {key}: 65536\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ={})
+    assert f"security.limits.{key} (from {path}): moved to {new}" in str(info.value)
+    variable = f"STEPWATCH_SECURITY__LIMITS__{key.upper()}"
+    with pytest.raises(ConfigError, match=f"from {variable}\\): moved to {new}"):
+        load_config(None, environ={variable: "65536"})
+    section, receiver, field = new.split(".")
+    config = load_config(
+        None, environ={f"STEPWATCH_{section.upper()}__{receiver.upper()}__{field.upper()}": "65536"}
+    )
+    assert getattr(getattr(config.receivers, receiver), field) == 65536

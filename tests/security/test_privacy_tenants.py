@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from stepwatch.evaluator.content import has_content, strip_content
 from stepwatch.evaluator.model import Span
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.exporters.base import InMemoryScoreExporter, PartitionScores, carries_content
@@ -24,9 +25,7 @@ from stepwatch.security.redaction import (
     REDACTED,
     Redactor,
     SecretsLogFilter,
-    has_content,
     scrub_secrets,
-    strip_content,
 )
 from stepwatch.security.tenants import DEFAULT_TENANT, PerTenant, Tenant, TenantPolicy
 from stepwatch.tenancy import PrivateSink

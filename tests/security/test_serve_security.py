@@ -22,6 +22,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
+from waiting import eventually
 
 from stepwatch.config import load_config
 from stepwatch.evaluator.expectations_store import ExpectationsError
@@ -177,17 +178,6 @@ def sample(text: str, name: str, **labels: str) -> float | None:
     return None
 
 
-async def eventually(check, timeout: float = 15.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"condition not met within {timeout}s (last: {last!r})")
-
-
 def results(
     memory: InMemoryScoreExporter, trace_no: int, tenant: str | None = None
 ) -> dict[str, ScoreResult]:
@@ -238,11 +228,13 @@ async def test_two_tenants_same_trace_id_are_separate_partitions_with_their_own_
         text = await scrape(service)
         labels = {"metric": "agent.step_accuracy", "partition_type": "trace"}
         assert (
-            sample(text, "stepwatch_evaluation_last_score", **labels, task_key="refund", tenant="team-a")
+            sample(
+                text, "stepwatch_evaluation_last_score_ratio", **labels, task_key="refund", tenant="team-a"
+            )
             == 1.0
         )
-        b_count = {"metric": "trajectory.step_count", "partition_type": "trace", "task_key": "unregistered"}
-        assert sample(text, "stepwatch_evaluation_last_score", **b_count, tenant="team-b") == 3.0
+        b_count = {"partition_type": "trace", "task_key": "unregistered"}
+        assert sample(text, "stepwatch_trajectory_steps_sum", **b_count, tenant="team-b") == 3.0
         assert not [
             line for line in text.splitlines() if "agent.step_accuracy" in line and 'tenant="team-b"' in line
         ]
@@ -273,8 +265,6 @@ async def test_missing_and_wrong_tokens_are_rejected_and_counted_on_both_protoco
 # -- limits ----------------------------------------------------------------------------------------
 
 LIMITS = {
-    "max_message_bytes": 64 * 1024,
-    "max_http_body_bytes": 64 * 1024,
     "max_spans_per_request": 6,
     "max_attributes_per_span": 4,
     "max_attribute_value_length": 100,
@@ -282,6 +272,7 @@ LIMITS = {
     "max_steps_per_partition": 3,
 }
 PARTITION_LIMITS = {"max_spans_per_trace": 5, "max_traces_per_session": 2}  # buffer.*, metered the same
+SIZE_LIMITS = {"grpc": {"max_recv_message_bytes": 64 * 1024}, "http": {"max_body_bytes": 64 * 1024}}
 
 
 def limit_count(text: str, limit: str) -> float:
@@ -303,6 +294,7 @@ async def test_bad_input_catalogue_each_limit_once_valid_remainder_scored(
         tmp_path,
         {
             "security": {"limits": LIMITS},
+            "receivers": SIZE_LIMITS,
             "buffer": PARTITION_LIMITS,
             "expectations": {"file": str(expectations)},
         },
@@ -486,8 +478,8 @@ async def test_redacted_attributes_never_reach_the_buffer(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 async def test_a_size_refusal_names_the_limit_that_bound(tmp_path: Path, protocol: str) -> None:
-    """receivers.* and security.limits both cap a request's size; the message names the smaller."""
-    service = make_service(tmp_path, {"security": {"limits": LIMITS}})
+    """A request's size has one limit, on its receiver; the refusal names that key."""
+    service = make_service(tmp_path, {"security": {"limits": LIMITS}, "receivers": SIZE_LIMITS})
     await service.start()
     huge = request(trace(1, 1, extra={"blob": "x" * 80_000}))
     try:
@@ -509,5 +501,5 @@ async def test_a_size_refusal_names_the_limit_that_bound(tmp_path: Path, protoco
                 message = (await resp.read()).decode("latin-1")
     finally:
         await service.shutdown(grace=1.0)
-    key = "max_message_bytes" if protocol == "grpc" else "max_http_body_bytes"
-    assert f"security.limits.{key}" in message and "receivers." not in message
+    key = "receivers.grpc.max_recv_message_bytes" if protocol == "grpc" else "receivers.http.max_body_bytes"
+    assert key in message and "security.limits" not in message

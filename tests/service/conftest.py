@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import time
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import ModuleType
@@ -14,12 +13,13 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from shared_paths import CORPUS
+from waiting import eventually
 
 from stepwatch.config import load_config
 from stepwatch.service import Service
 
 REPO = Path(__file__).resolve().parents[2]
-CORPUS = Path("/work/shared/corpus")
 
 FAST = {
     "receivers": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"}},
@@ -70,25 +70,6 @@ class Metrics:
         samples = await asyncio.to_thread(self.scrape)
         want = set(labels.items())
         return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
-
-
-_TRUTHY = object()
-
-
-async def eventually(
-    check: Callable[[], Any], expect: Any = _TRUTHY, timeout: float = 15.0, interval: float = 0.05
-) -> Any:
-    """Poll an (async or sync) check until it returns `expect` (default: anything truthy)."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if asyncio.iscoroutine(last):
-            last = await last
-        if last if expect is _TRUTHY else last == expect:
-            return last
-        await asyncio.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s (last value: {last!r})")
 
 
 @asynccontextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from serve_helpers import K8S_SERVICE_LINKS
 
 from stepwatch.config import ConfigError, ServiceConfig, effective_yaml, load_config, parse_endpoint
 
@@ -51,7 +52,8 @@ def test_env_lists_and_nested_sections() -> None:
         (
             "buffer:\n  max_spans_per_trce: 3\n",
             {},
-            "buffer.max_spans_per_trce (from {path}): unknown key; allowed here:",
+            "buffer.max_spans_per_trce (from {path}): unknown key; did you mean 'max_spans_per_trace'? "
+            "(allowed here: late_span_window,",
         ),
         (
             "buffer:\n  trace_idle_timeout: 0\n",
@@ -79,3 +81,53 @@ def test_endpoints() -> None:
     assert parse_endpoint(":4318") == ("0.0.0.0", 4318)
     with pytest.raises(ValueError, match="HOST:PORT"):
         parse_endpoint("4317")
+
+
+def test_kubernetes_service_link_variables_are_ignored() -> None:
+    config = load_config(environ={**K8S_SERVICE_LINKS, "STEPWATCH_BUFFER__TRACE_IDLE_TIMEOUT": "1.5"})
+    assert config.buffer.trace_idle_timeout == 1.5
+    assert config.model_copy(update={"buffer": ServiceConfig().buffer}) == ServiceConfig()
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        # look like service links but are not the Kubernetes pattern: still refused
+        ({"STEPWATCH_METRICS_PORTS": "1"}, "metrics_ports (from STEPWATCH_METRICS_PORTS): unknown key"),
+        ({"STEPWATCH_METRICS_PORT_9464_XTP": "1"}, "unknown key"),
+        ({"STEPWATCH_BUFFER__TRACE_IDLE_TIMOUT": "1"}, "did you mean 'trace_idle_timeout'?"),
+        ({"STEPWATCH_LOGGING_LEVEL": "debug"}, "did you mean STEPWATCH_LOGGING__LEVEL?"),
+        ({"STEPWATCH_RECEIVERS_GRPC_ENDPOINT": "x:1"}, "did you mean STEPWATCH_RECEIVERS__GRPC__ENDPOINT?"),
+        # a config key that happens to end like a link variable is a config key, validated as one
+        ({"STEPWATCH_EXPORTERS__PROMETHEUS__PORT": "1"}, "exporters.prometheus.port"),
+    ],
+)
+def test_unknown_stepwatch_variables_are_refused_with_a_suggestion(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match="unknown key") as info:
+        load_config(environ={**K8S_SERVICE_LINKS, **env})
+    assert message in str(info.value)
+
+
+def test_a_cross_field_error_names_the_flag_that_set_the_value_not_defaults(tmp_path) -> None:
+    flags = {"buffer.session_idle_timeout": (99999.0, "--session-idle-timeout")}
+    with pytest.raises(ConfigError) as info:
+        load_config(environ={}, flags=flags)
+    assert (
+        str(info.value)
+        == "buffer (from --session-idle-timeout): max_session_age must be >= session_idle_timeout"
+    )
+    path = tmp_path / "c.yaml"
+    path.write_text("buffer:\n  max_session_age: 5\n")
+    env = {"STEPWATCH_BUFFER__SESSION_IDLE_TIMEOUT": "10"}
+    with pytest.raises(ConfigError, match=rf"buffer \(from STEPWATCH_BUFFER__SESSION_IDLE_TIMEOUT, {path}\)"):
+        load_config(path, env)
+    with pytest.raises(ConfigError, match=rf"buffer \(from {path}\)"):
+        load_config(path, {})
+
+
+def test_logging_level_and_format_are_case_insensitive() -> None:
+    env = {"STEPWATCH_LOGGING__LEVEL": "debug", "STEPWATCH_LOGGING__FORMAT": "JSON"}
+    logging = load_config(environ=env).logging
+    assert (logging.level, logging.format) == ("DEBUG", "json")
+    with pytest.raises(ConfigError, match=r"logging\.level"):
+        load_config(environ={"STEPWATCH_LOGGING__LEVEL": "verbose"})

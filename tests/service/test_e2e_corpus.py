@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import grpc
 import pytest
 import yaml
+from shared_paths import CORPUS
 
 from stepwatch.evaluator.expectation import Expectation
 from stepwatch.evaluator.partitioning import partition_sessions, partition_traces
@@ -18,7 +18,6 @@ from stepwatch.receiver.otlp_proto import decode_request_bytes
 
 pytestmark = pytest.mark.slow
 
-CORPUS = Path("/work/shared/corpus")
 METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 SCENARIOS = sorted(p.name.removesuffix(".expect.json") for p in CORPUS.glob("*.expect.json"))
 

@@ -86,7 +86,7 @@ async def test_late_span_yields_a_revision_with_its_number(tmp_path, h) -> None:
         first = memory.events[0]
         assert (first.revision, first.close_reason) == (0, "idle")
         labels = {"metric": "agent.step_accuracy", "task_key": "refund-order", "partition_type": "trace"}
-        assert await metrics.get("stepwatch_evaluation_last_score", **labels) == 0.5
+        assert await metrics.get("stepwatch_evaluation_last_score_ratio", **labels) == 0.5
         await client.send(request(span(7, 11, "issue_refund", parent=1)))  # the missing step, late
         await h.eventually(lambda: len(memory.events) == 2)
         revision = memory.events[1]
@@ -95,7 +95,7 @@ async def test_late_span_yields_a_revision_with_its_number(tmp_path, h) -> None:
             "late_revision",
             first.partition_id,
         )
-        assert await metrics.get("stepwatch_evaluation_last_score", **labels) == 1.0
+        assert await metrics.get("stepwatch_evaluation_last_score_ratio", **labels) == 1.0
         assert await metrics.get("stepwatch_spans_late_total") == 1.0
         assert await metrics.get("stepwatch_spans_scored_total") == 2.0
         assert (
@@ -113,14 +113,16 @@ async def test_hot_reload_and_invalid_edit_keeps_last_good(tmp_path, h) -> None:
         client = Client(service.grpc.port)
         labels = {"metric": "agent.step_accuracy", "task_key": "refund-order", "partition_type": "trace"}
         await client.send(request(*agent_trace(1, ["lookup_order", "issue_refund"])))
-        assert await h.eventually(lambda: metrics.get("stepwatch_evaluation_last_score", **labels)) == 1.0
+        assert (
+            await h.eventually(lambda: metrics.get("stepwatch_evaluation_last_score_ratio", **labels)) == 1.0
+        )
         path.write_text(
             EXPECTATIONS.replace("[lookup_order, issue_refund]", "[lookup_order, check_policy, issue_refund]")
         )
         await h.eventually(lambda: metrics.get("stepwatch_expectations_reloads_total", result="ok"))
         await client.send(request(*agent_trace(2, ["lookup_order", "issue_refund"])))
         await h.eventually(lambda: metrics.get("stepwatch_evaluations_total", **labels, outcome="fail"))
-        assert await metrics.get("stepwatch_evaluation_last_score", **labels) == pytest.approx(2 / 3)
+        assert await metrics.get("stepwatch_evaluation_last_score_ratio", **labels) == pytest.approx(2 / 3)
 
         path.write_text(
             "tasks:\n  refund-order:\n    expected_steps: [a, [b, [c]]]\n"
@@ -129,7 +131,9 @@ async def test_hot_reload_and_invalid_edit_keeps_last_good(tmp_path, h) -> None:
         assert await metrics.get("stepwatch_expectations_valid") == 0.0
         await client.send(request(*agent_trace(3, ["lookup_order", "check_policy", "issue_refund"])))
         await h.eventually(lambda: metrics.get("stepwatch_evaluations_total", **labels, outcome="pass"), 2.0)
-        assert await metrics.get("stepwatch_evaluation_last_score", **labels) == 1.0  # the last good version
+        assert (
+            await metrics.get("stepwatch_evaluation_last_score_ratio", **labels) == 1.0
+        )  # the last good version
         await client.close()
 
 
@@ -142,22 +146,26 @@ async def test_a_task_key_removed_by_a_reload_leaves_the_last_score_gauge(tmp_pa
         await client.send(request(*agent_trace(2, ["lookup_order", "cancel"], task="cancel-order")))
         score = {"metric": "agent.step_accuracy", "partition_type": "trace"}
         await h.eventually(
-            lambda: metrics.get("stepwatch_evaluation_last_score", **score, task_key="cancel-order")
+            lambda: metrics.get("stepwatch_evaluation_last_score_ratio", **score, task_key="cancel-order")
         )
         await h.eventually(
-            lambda: metrics.get("stepwatch_evaluation_last_score", **score, task_key="refund-order")
+            lambda: metrics.get("stepwatch_evaluation_last_score_ratio", **score, task_key="refund-order")
         )
         path.write_text(EXPECTATIONS)  # cancel-order removed
         await h.eventually(lambda: metrics.get("stepwatch_expectations_reloads_total", result="ok"))
-        assert await metrics.get("stepwatch_evaluation_last_score", **score, task_key="cancel-order") is None
+        assert (
+            await metrics.get("stepwatch_evaluation_last_score_ratio", **score, task_key="cancel-order")
+            is None
+        )
         assert await metrics.total("stepwatch_evaluations_total", task_key="cancel-order") == 0
-        assert await metrics.get("stepwatch_evaluation_last_score", **score, task_key="refund-order") == 1.0
+        assert (
+            await metrics.get("stepwatch_evaluation_last_score_ratio", **score, task_key="refund-order")
+            == 1.0
+        )
         # its next run is scored as unregistered (expectation-free metrics only), not under its key
         await client.send(request(*agent_trace(3, ["lookup_order", "cancel"], task="cancel-order")))
-        steps = {"metric": "trajectory.step_count", "partition_type": "trace"}
-        await h.eventually(
-            lambda: metrics.get("stepwatch_evaluation_last_score", **steps, task_key="unregistered")
-        )
+        steps = {"partition_type": "trace", "task_key": "unregistered"}
+        await h.eventually(lambda: metrics.get("stepwatch_trajectory_steps_count", **steps))
         assert await metrics.total("stepwatch_evaluations_total", task_key="cancel-order") == 0
         await client.close()
 
@@ -210,13 +218,14 @@ async def test_every_span_is_scored_rejected_or_late(tmp_path, h) -> None:
             settled = (
                 await metrics.total("stepwatch_spans_scored_total")
                 + await metrics.total("stepwatch_spans_rejected_total")
+                + await metrics.total("stepwatch_spans_duplicate_total")
                 + await metrics.total("stepwatch_spans_late_total")
             )
             return received == sent == settled and await metrics.get("stepwatch_buffered_spans") == 0
 
         await h.eventually(balanced)
         assert await metrics.get("stepwatch_spans_rejected_total", reason="invalid_trace_id") == 1.0
-        assert await metrics.get("stepwatch_spans_rejected_total", reason="duplicate") == 1.0
+        assert await metrics.get("stepwatch_spans_duplicate_total", source="received") == 1.0
         assert await metrics.get("stepwatch_spans_rejected_total", reason="limit") == 2.0
         assert await metrics.get("stepwatch_spans_late_total") == 1.0
         assert (

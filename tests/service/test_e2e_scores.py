@@ -36,7 +36,9 @@ async def test_trace_scores_with_groups_over_grpc_sdk_exporter(tmp_path, agent, 
         ]
         await asyncio.to_thread(agent.send, "grpc", endpoint, runs)
         labels = {"metric": "agent.step_accuracy", "task_key": "refund-order", "partition_type": "trace"}
-        assert await h.eventually(lambda: metrics.get("stepwatch_evaluation_last_score", **labels)) == 1.0
+        assert (
+            await h.eventually(lambda: metrics.get("stepwatch_evaluation_last_score_ratio", **labels)) == 1.0
+        )
         assert await metrics.get("stepwatch_evaluations_total", **labels, outcome="pass") == 1.0
         rules = {**labels, "metric": "trajectory"}
         assert await metrics.get("stepwatch_evaluations_total", **rules, outcome="pass") == 1.0
@@ -54,7 +56,7 @@ async def test_off_plan_trace_fails_over_http_sdk_exporter(tmp_path, agent, h) -
         )
         assert fail == 1.0
         # expected 4 steps (the group counts 2), observed [issue_refund, lookup_order]: distance 4
-        assert await metrics.get("stepwatch_evaluation_last_score", **labels) == 0.0
+        assert await metrics.get("stepwatch_evaluation_last_score_ratio", **labels) == 0.0
         rules = {**labels, "metric": "trajectory"}
         assert await metrics.get("stepwatch_evaluations_total", **rules, outcome="fail") == 1.0
         assert await metrics.get("stepwatch_spans_received_total", protocol="http") == 3.0
@@ -69,7 +71,9 @@ async def test_session_of_two_traces_is_scored_once_as_a_session(tmp_path, agent
         ]
         await asyncio.to_thread(agent.send, "grpc", endpoint, runs)
         labels = {"metric": "agent.step_accuracy", "task_key": "support-chat", "partition_type": "session"}
-        assert await h.eventually(lambda: metrics.get("stepwatch_evaluation_last_score", **labels)) == 1.0
+        assert (
+            await h.eventually(lambda: metrics.get("stepwatch_evaluation_last_score_ratio", **labels)) == 1.0
+        )
         assert await metrics.get("stepwatch_evaluations_total", **labels, outcome="pass") == 1.0
         assert (
             await metrics.get("stepwatch_partitions_closed_total", partition_type="session", reason="idle")
@@ -95,7 +99,9 @@ async def test_annotation_overrides_the_file(tmp_path, agent, h) -> None:
         await asyncio.to_thread(agent.send, "grpc", endpoint, runs)
         labels = {"metric": "agent.step_accuracy", "task_key": "refund-order", "partition_type": "trace"}
         # against the file's 4 steps this would be 0.5; the annotation's 2 steps match exactly
-        assert await h.eventually(lambda: metrics.get("stepwatch_evaluation_last_score", **labels)) == 1.0
+        assert (
+            await h.eventually(lambda: metrics.get("stepwatch_evaluation_last_score_ratio", **labels)) == 1.0
+        )
 
 
 async def test_unmatched_task_key_is_counted_and_gets_expectation_free_scorers(tmp_path, agent, h) -> None:
@@ -103,8 +109,10 @@ async def test_unmatched_task_key_is_counted_and_gets_expectation_free_scorers(t
         endpoint = f"127.0.0.1:{service.grpc.port}"
         runs = [{"task_key": "nobody-registered-me", "steps": ["a", "b", "c"]}]
         await asyncio.to_thread(agent.send, "grpc", endpoint, runs)
-        labels = {"metric": "trajectory.step_count", "task_key": "unregistered", "partition_type": "trace"}
-        assert await h.eventually(lambda: metrics.get("stepwatch_evaluation_last_score", **labels)) == 3.0
+        labels = {"task_key": "unregistered", "partition_type": "trace"}
+        assert await h.eventually(lambda: metrics.get("stepwatch_trajectory_steps_sum", **labels)) == 3.0
+        assert await metrics.get("stepwatch_trajectory_steps_bucket", **labels, le="2.0") == 0.0
+        assert await metrics.get("stepwatch_trajectory_steps_bucket", **labels, le="3.0") == 1.0
         assert await metrics.get("stepwatch_partitions_unmatched_total", partition_type="trace") == 1.0
         step = {**labels, "metric": "agent.step_accuracy"}
         assert await metrics.get("stepwatch_evaluations_total", **step, outcome="pass") is None

@@ -45,7 +45,14 @@ def test_json_documents_are_accepted() -> None:
             "tasks:\n  t:\n    threshold: 1.5\n",
             "task 't': threshold: Input should be less than or equal to 1",
         ),
-        ("tasks:\n  t:\n    partiton: trace\n", "task 't': partiton: unknown field"),
+        (
+            "tasks:\n  t:\n    partiton: trace\n",
+            "task 't': partiton: unknown field; did you mean 'partition'?",
+        ),
+        (
+            "tasks:\n  t:\n    expected_step: [a]\n",
+            "task 't': expected_step: unknown field; did you mean 'expected_steps'?",
+        ),
         (
             "tasks:\n  t:\n    rules: [{must_call: a, before: b}]\n",
             "task 't': rules[0].before: unknown field",

@@ -22,6 +22,8 @@ import pytest
 import yaml
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from shared_paths import CORPUS
+from waiting import eventually
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "exporters"))
 from fake_openai import completion_for, form_lines
@@ -102,19 +104,6 @@ async def counter(port: int, name: str, at_least: float) -> bool:
     return total(await ascrape(port), name) >= at_least
 
 
-async def until(predicate: Any, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 def kafka_section(bootstrap: str, topic: str, spool: Path, **more: Any) -> dict[str, Any]:
     return {
         "enabled": True,
@@ -193,10 +182,10 @@ async def test_kafka_events_survive_a_broker_restart_and_never_block_the_receive
         reader = await TopicReader(broker.bootstrap, "scores").start()
         first = [os.urandom(16) for _ in range(10)]
         await send(service.grpc.port, first)
-        await until(lambda: len(memory.events) == 10, what="10 partitions scored")
+        await eventually(lambda: len(memory.events) == 10, what="10 partitions scored")
         ids_first = expected_ids(memory.events)
         assert len(ids_first) == 10 * len(METRICS)
-        await until(
+        await eventually(
             lambda: {e.event_id for e in reader.events()} >= ids_first, what="first events on the topic"
         )
         before_stop = validated(reader.records)
@@ -216,13 +205,13 @@ async def test_kafka_events_survive_a_broker_restart_and_never_block_the_receive
             answered.append(await send(service.grpc.port, batch))
             await asyncio.sleep(0.1)
         assert max(answered) < 1.0, answered  # receivers are never held up by the exporter
-        await until(lambda: len(memory.events) == 40, what="traces scored while the broker is down")
+        await eventually(lambda: len(memory.events) == 40, what="traces scored while the broker is down")
         samples = await ascrape(metrics_port)
         assert total(samples, "stepwatch_spans_scored_total") == 40 * 3
         assert (
             total(samples, "stepwatch_evaluations_total", metric="agent.step_accuracy", outcome="pass") == 40
         )
-        await until(
+        await eventually(
             lambda: counter(metrics_port, "stepwatch_kafka_events_spooled_total", 30 * len(METRICS)),
             what="events spooled while the broker is down",
         )
@@ -231,12 +220,14 @@ async def test_kafka_events_survive_a_broker_restart_and_never_block_the_receive
         broker.start()  # empty storage: everything from now on must come from the spool and the queue
         late = [os.urandom(16) for _ in range(4)]
         await send(service.grpc.port, late)
-        await until(lambda: len(memory.events) == 44, what="all traces scored")
+        await eventually(lambda: len(memory.events) == 44, what="all traces scored")
         ids_all = expected_ids(memory.events)
         reader = await TopicReader(broker.bootstrap, "scores").start()
         try:
-            await until(
-                lambda: {e.event_id for e in reader.events()} >= ids_all - ids_first, 60, "every event"
+            await eventually(
+                lambda: {e.event_id for e in reader.events()} >= ids_all - ids_first,
+                timeout=60,
+                what="every event",
             )
             await asyncio.sleep(0.5)
             after = validated(reader.records)
@@ -270,23 +261,27 @@ async def test_wal_keeps_spans_until_kafka_has_the_event(tmp_path, broker) -> No
     async with running(tmp_path, config, memory=memory) as (service, metrics_port):
         assert service.wal is not None
         await send(service.grpc.port, [os.urandom(16)])
-        await until(lambda: service.wal.held_keys() == 0 and len(memory.events) == 1, what="first release")
+        await eventually(
+            lambda: service.wal.held_keys() == 0 and len(memory.events) == 1, what="first release"
+        )
         assert service.config.kafka_exporter().spool.directory == tmp_path / "spool"
 
         broker.pause()  # connections stay up, nothing is acknowledged: sends wait for the timeout
         held = [os.urandom(16) for _ in range(5)]
         await send(service.grpc.port, held)
-        await until(lambda: len(memory.events) == 6, what="scored while the broker hangs")
+        await eventually(lambda: len(memory.events) == 6, what="scored while the broker hangs")
         await asyncio.sleep(0.3)  # Prometheus and the memory exporter are done; Kafka is not
         assert service.wal.held_keys() == 5
         assert total(await ascrape(metrics_port), "stepwatch_kafka_events_sent_total") == len(METRICS)
-        await until(lambda: service.wal.held_keys() == 0, 20, "release once the events are spooled")
+        await eventually(
+            lambda: service.wal.held_keys() == 0, timeout=20, what="release once the events are spooled"
+        )
         assert total(await ascrape(metrics_port), "stepwatch_kafka_events_spooled_total") >= 5 * len(METRICS)
         broker.resume()
-        await until(
+        await eventually(
             lambda: counter(metrics_port, "stepwatch_kafka_events_sent_total", 6 * len(METRICS)),
-            30,
-            "spooled events sent after the broker answers again",
+            timeout=30,
+            what="spooled events sent after the broker answers again",
         )
 
 
@@ -332,8 +327,8 @@ async def test_otel_metrics_and_evaluation_events_from_the_running_service(tmp_p
             if not s.parent_span_id
         }
         await send(service.grpc.port, request)
-        await until(lambda: len(sink.log_records()) >= 3 * len(METRICS), what="evaluation events")
-        await until(lambda: sink.metric_points("gen_ai.evaluation.results"), what="score metrics")
+        await eventually(lambda: len(sink.log_records()) >= 3 * len(METRICS), what="evaluation events")
+        await eventually(lambda: sink.metric_points("gen_ai.evaluation.results"), what="score metrics")
     records = sink.log_records()
     assert len(records) == 3 * len(METRICS)
     for record in records:
@@ -414,13 +409,15 @@ async def test_events_in_the_spool_are_delivered_after_a_process_restart(tmp_pat
                 batch = [os.urandom(16) for _ in range(8)]
                 assert await send(ports[0], batch) < 1.0
                 sent += batch
-                await until(lambda: scored(ports[1]) == 8, what="scored")
-                await until(lambda: spooled(ports[1]) >= 8 * len(METRICS), what="this life's events spooled")
+                await eventually(lambda: scored(ports[1]) == 8, what="scored")
+                await eventually(
+                    lambda: spooled(ports[1]) >= 8 * len(METRICS), what="this life's events spooled"
+                )
             finally:
                 code, err = serve.stop(sig)
             if sig == signal.SIGTERM:
                 assert code == 0, err
-                assert "drained: 24 span(s) received, 24 scored" in err
+                assert "drained: 24 span(s) received, 0 replayed, 24 scored" in err
             else:
                 assert code == -signal.SIGKILL
         assert any(spool.glob("*.seg"))
@@ -428,11 +425,15 @@ async def test_events_in_the_spool_are_delivered_after_a_process_restart(tmp_pat
         serve = start_spooling_serve(tmp_path, broker.bootstrap, spool, ports)
         reader = await TopicReader(broker.bootstrap, "scores").start()
         try:
-            await until(
-                lambda: len({e.partition_id for e in reader.events()}) >= len(sent), 60, "spooled events"
+            await eventually(
+                lambda: len({e.partition_id for e in reader.events()}) >= len(sent),
+                timeout=60,
+                what="spooled events",
             )
-            await until(
-                lambda: total(scrape(ports[1]), "stepwatch_kafka_spool_bytes") == 0, 30, "an empty spool"
+            await eventually(
+                lambda: total(scrape(ports[1]), "stepwatch_kafka_spool_bytes") == 0,
+                timeout=30,
+                what="an empty spool",
             )
             await asyncio.sleep(0.5)
             received = validated(reader.records)
@@ -449,13 +450,15 @@ async def test_events_in_the_spool_are_delivered_after_a_process_restart(tmp_pat
 def test_schema_command_prints_the_score_event_schema() -> None:
     done = subprocess.run([STEPWATCH, "schema", "score-event"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == score_event_json_schema()
-    assert json.loads(done.stdout)["title"] == "StepwatchScoreEvent"
+    printed = json.loads(done.stdout)
+    assert printed.pop("$schema") == "https://json-schema.org/draft/2020-12/schema"
+    assert printed.pop("$id").startswith("urn:stepwatch:schema:score-event:v")
+    assert printed == score_event_json_schema()
+    assert printed["title"] == "StepwatchScoreEvent"
 
 
 # -- the corpus scored online with both judge scorers (local judge), out to /metrics and Kafka ------
 
-CORPUS = Path("/work/shared/corpus")
 JUDGED = ("trajectory_steps", "plan_adherence")
 EXTRA = {  # registered plans and outcome-phrased trajectories for a few scenarios
     "pai_flight_booking_sequential": {
@@ -512,15 +515,17 @@ async def test_corpus_scored_online_with_both_judge_scorers(tmp_path, broker) ->
     }
     async with running(tmp_path, config, memory=memory) as (service, metrics_port):
         (tmp_path / "expectations.yaml").write_text(yaml.safe_dump({"tasks": tasks}))
-        await until(lambda: len(service.expectations) == len(tasks), what="expectations reloaded")
+        await eventually(lambda: len(service.expectations) == len(tasks), what="expectations reloaded")
         reader = await TopicReader(broker.bootstrap, "scores").start()
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc.port}") as channel:
                 for pb in sorted(CORPUS.glob("*.pb")):
                     await channel.unary_unary(EXPORT)(pb.read_bytes(), timeout=10)
-            await until(lambda: len(memory.events) == len(owner), what="every corpus partition scored")
+            await eventually(lambda: len(memory.events) == len(owner), what="every corpus partition scored")
             ids = expected_ids(memory.events)
-            await until(lambda: {e.event_id for e in reader.events()} >= ids, what="their events on Kafka")
+            await eventually(
+                lambda: {e.event_id for e in reader.events()} >= ids, what="their events on Kafka"
+            )
             events = validated(reader.records)
         finally:
             await reader.stop()
@@ -595,18 +600,18 @@ async def test_a_slow_remote_judge_never_holds_up_receivers_or_other_partitions(
             (tmp_path / "expectations.yaml").write_text(
                 yaml.safe_dump({"tasks": {TASK: judged, "plain": {"expected_steps": ["search_flights"]}}})
             )
-            await until(lambda: len(service.expectations) == 2, what="expectations reloaded")
+            await eventually(lambda: len(service.expectations) == 2, what="expectations reloaded")
             slow = os.urandom(16)
             await send(service.grpc.port, [slow])
-            await until(lambda: seen, what="the judge asked")
+            await eventually(lambda: seen, what="the judge asked")
             started = time.monotonic()
             fast = [os.urandom(16) for _ in range(5)]
             request = trace_request(fast, task_key="plain")
             answered = await send(service.grpc.port, request)
-            await until(lambda: len(memory.events) == 5, what="unjudged partitions scored meanwhile")
+            await eventually(lambda: len(memory.events) == 5, what="unjudged partitions scored meanwhile")
             assert time.monotonic() - started < 1.2 and answered < 0.5  # while the judge still thinks
             assert {e.partition_id for e in memory.events} == {t.hex() for t in fast}
-            await until(lambda: len(memory.events) == 6, 20, "the judged partition")
+            await eventually(lambda: len(memory.events) == 6, timeout=20, what="the judged partition")
             samples = await ascrape(metrics_port)
         assert service.judge_runner is not None
         assert getattr(service.judge_runner.judge, "_session", None) is None  # closed on shutdown
