@@ -136,8 +136,9 @@ class TrajectoryStepsScorer:
                 none, Answer(0.5, "lexical"), expected, trajectory, threshold, "empty trajectory"
             )
         state: dict[str, Any] = {"trajectory": trajectory, "expected_trajectory": expected}
-        if isinstance(inp.extras.get("input"), str) and inp.extras["input"].strip():
-            state["input"] = inp.extras["input"]  # the spec's optional field: the judge reads the task
+        task = inp.extras.get("input")
+        if isinstance(task, str) and task.strip():
+            state["input"] = task  # the spec's optional field: the judge reads the task
         questions = [step_question(i, step) for i, step in enumerate(expected)] + [ORDER_QUESTION]
         answers = await self.runner.ask(
             METRIC,
