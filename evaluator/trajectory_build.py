@@ -6,11 +6,13 @@
   `output.value`. String inputs/outputs that parse as JSON are unwrapped.
 - Spans are ordered by start time; spans without timestamps keep document order after timed ones.
 - The final answer comes from the root candidate (no parent, or a parent not in the partition)
-  that carries `output.value` or `gen_ai.completion` and starts last; `output.value` wins when both
-  are present; the answer is kept as a raw string (never JSON-unwrapped). None when no candidate
-  carries either.
-- Token usage is summed over every span: `gen_ai.usage.input_tokens` / `output_tokens`, else
-  OpenInference `llm.token_count.prompt` / `completion` (one convention per span, never both).
+  that carries `output.value` or `gen_ai.completion` and has the latest start time; a candidate
+  without a start time only answers when no timed candidate does (then the last in document
+  order); `output.value` wins when both are present; the answer is kept as a raw string (never
+  JSON-unwrapped). None when no candidate carries either.
+- Token usage is summed over every span, per field: `gen_ai.usage.input_tokens`, else
+  OpenInference `llm.token_count.prompt`; `gen_ai.usage.output_tokens`, else
+  `llm.token_count.completion` (a span mixing the conventions loses neither count).
 - Latency is max(end) - min(start) over the spans that have them (None without any).
 """
 
@@ -98,12 +100,12 @@ def build_trajectory_from_spans(
         kind = attributes.get("openinference.span.kind")
         if "gen_ai.tool.name" in attributes or (kind is not None and str(kind).upper() == "TOOL"):
             calls.append(span)
-        # Tokens: GenAI usage, else OpenInference counts (one convention per span, never both).
-        if "gen_ai.usage.input_tokens" in attributes or "gen_ai.usage.output_tokens" in attributes:
-            input_value = attributes.get("gen_ai.usage.input_tokens")
-            output_value = attributes.get("gen_ai.usage.output_tokens")
-        else:
+        # Tokens, per field: GenAI usage, else the OpenInference count.
+        input_value = attributes.get("gen_ai.usage.input_tokens")
+        if input_value is None:
             input_value = attributes.get("llm.token_count.prompt")
+        output_value = attributes.get("gen_ai.usage.output_tokens")
+        if output_value is None:
             output_value = attributes.get("llm.token_count.completion")
         if input_value is not None:  # _count, with its positive-int case first without a call
             input_tokens += (
@@ -150,12 +152,22 @@ def final_answer(ordered: list[Span], roots: Sequence[Span] | None = None) -> st
 
 
 def _last_answer(candidates: Sequence[Span]) -> str | None:
-    """The answer of the last candidate (candidates in span order) that carries one."""
+    """The answer of the latest-starting candidate (candidates in span order) that carries one.
+
+    Span order puts spans without a start time after the timed ones, so the timed candidates are
+    searched first: a root without a timestamp has no "latest start" and cannot beat one that has.
+    """
+    untimed: str | None = None
     for span in reversed(candidates):
         value = first_attribute(span.attributes, FINAL_ANSWER_ATTRIBUTES)
-        if value is not None:
-            return value if isinstance(value, str) else json.dumps(value)
-    return None
+        if value is None:
+            continue
+        answer = value if isinstance(value, str) else json.dumps(value)
+        if span.start_time_unix_nano is not None:
+            return answer
+        if untimed is None:
+            untimed = answer
+    return untimed
 
 
 def _count(value: Any) -> int:

@@ -15,7 +15,8 @@ from stepwatch.evaluator.judge.runner import JudgeRunner
 
 
 class JudgeCollector(Collector):
-    """Requests by outcome, tokens by direction, USD cost (per backend) and skipped evaluations."""
+    """Requests by outcome, answers by probability source, tokens by direction, USD cost (per
+    backend) and skipped evaluations."""
 
     def __init__(self, runner: JudgeRunner) -> None:
         self._runner = runner
@@ -30,6 +31,12 @@ class JudgeCollector(Collector):
             "stepwatch_judge_tokens", "Judge tokens by direction.", labels=["backend", "direction"]
         )
         cost = CounterMetricFamily("stepwatch_judge_cost_usd", "Judge cost in USD.", labels=["backend"])
+        answers = CounterMetricFamily(
+            "stepwatch_judge_answers",
+            "Judge answers by where their probability came from (logprobs; answer_text: the server "
+            "returned no logprobs, so the answer is a 1/0 verdict, not a probability; lexical: local).",
+            labels=["backend", "source"],
+        )
         if stats is not None:
             snap = stats.snapshot()
             for outcome, count in sorted(dict(snap["requests"]).items()):  # type: ignore[call-overload]
@@ -37,6 +44,8 @@ class JudgeCollector(Collector):
             tokens.add_metric([backend, "input"], float(snap["input_tokens"]))  # type: ignore[arg-type]
             tokens.add_metric([backend, "output"], float(snap["output_tokens"]))  # type: ignore[arg-type]
             cost.add_metric([backend], float(snap["cost_usd"]))  # type: ignore[arg-type]
+            for source, count in sorted(dict(snap.get("answers") or {}).items()):  # type: ignore[call-overload]
+                answers.add_metric([backend, source], float(count))
         skipped = CounterMetricFamily(
             "stepwatch_judge_skipped",
             "Judge evaluations not scored, by reason (sampled_out, over_budget, deadline, judge_error, backlog).",
@@ -47,6 +56,7 @@ class JudgeCollector(Collector):
         yield requests
         yield tokens
         yield cost
+        yield answers
         yield skipped
 
     def describe(self) -> Iterator[Metric]:

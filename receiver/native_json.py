@@ -37,8 +37,9 @@ def decode_native(document: Any, source: str = "") -> list[Span]:
     if not isinstance(steps, list):
         raise DecodeError(f"`steps` must be an array, got {type(steps).__name__}")
     final_output = document.get("final_output")
-    if final_output is not None and not isinstance(final_output, str):
-        raise DecodeError(f"`final_output` must be a string, got {type(final_output).__name__}")
+    if "final_output" in document and not isinstance(final_output, str):  # null included: when present
+        kind = "null" if final_output is None else type(final_output).__name__  # it MUST be a string
+        raise DecodeError(f"`final_output` must be a string, got {kind}")
     for i, step in enumerate(steps):
         if not isinstance(step, dict):
             raise DecodeError(f"steps[{i}] must be an object, got {type(step).__name__}")

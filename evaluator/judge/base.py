@@ -1,9 +1,11 @@
-"""The judge contract: a batch of yes/no questions about one partition, one p(yes) per question.
+"""The judge contract: a batch of yes/no questions about one partition, one Answer per question.
 
 Questions refer by name to fields of a shared `state` (the spec's request fields: `trajectory`,
-`expected_trajectory`, `plan_steps`, ...). A hosted backend renders the referenced fields and the
-question text into a prompt; the local backend reads the same fields directly, by question kind.
-Nothing is generated, so there is nothing free-form to parse: every answer is a probability.
+`expected_trajectory`, `plan_steps`, `input`). Questions that share a `group` are answered in one
+request by a hosted backend (one completion, one constrained yes/no token per question, its
+probability read from that token's logprobs); the local backend reads the same fields directly,
+by question kind. Every Answer says where its probability came from, so a server that gives no
+logprobs is visible in the result instead of hidden behind a made-up 0.9/0.1.
 """
 
 from __future__ import annotations
@@ -13,6 +15,10 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
+
+AnswerSource = Literal["logprobs", "answer_text", "lexical"]
+"""Where p(yes) came from: the answer token's top_logprobs; only the answer's text (a server that
+returned no logprobs: p is 1.0 or 0.0, not a probability); the local judge's lexical evidence."""
 
 QuestionKind = Literal["accomplishes", "fully_accomplishes", "contributes", "order"]
 """What a question asks, so a backend without language understanding can answer it:
@@ -26,13 +32,26 @@ QuestionKind = Literal["accomplishes", "fully_accomplishes", "contributes", "ord
 
 @dataclass(frozen=True, slots=True)
 class Question:
-    """One yes/no question; `refs` names the state fields it reads (rendered into the prompt)."""
+    """One yes/no question; `refs` names the state fields it reads (rendered into the prompt).
+
+    `group`: questions with the same group are asked in one request (trajectory_steps: all of
+    them; plan_adherence: those about one plan step), so requests grow with groups, not questions.
+    """
 
     id: str
     kind: QuestionKind
     text: str
     refs: tuple[str, ...]
     args: Mapping[str, Any] = field(default_factory=dict)
+    group: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """p(yes) for one question, and where it came from (see AnswerSource)."""
+
+    p: float
+    source: AnswerSource = "logprobs"
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,9 +61,12 @@ class JudgeBatch:
     state: Mapping[str, Any]
     questions: Sequence[Question]
 
-    def referenced_state(self, question: Question) -> dict[str, Any]:
-        """Only the fields a question names: keeps prompts short and cache keys specific."""
-        return {name: self.state[name] for name in question.refs if name in self.state}
+    def groups(self) -> dict[str, list[int]]:
+        """Question indices by group, groups in first-appearance order."""
+        out: dict[str, list[int]] = {}
+        for index, question in enumerate(self.questions):
+            out.setdefault(question.group, []).append(index)
+        return out
 
 
 def stable_hash(value: Any) -> str:
@@ -102,6 +124,6 @@ class Judge(Protocol):
 
     backend: str
 
-    async def ask(self, batch: JudgeBatch, budget: BudgetHook | None = None) -> list[float]:
-        """One p(yes) per question, in order; raises a JudgeError subclass when it cannot."""
+    async def ask(self, batch: JudgeBatch, budget: BudgetHook | None = None) -> list[Answer]:
+        """One Answer per question, in order; raises a JudgeError subclass when it cannot."""
         ...

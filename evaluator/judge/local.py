@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from itertools import combinations
 
-from .base import BudgetHook, JudgeBatch, JudgeMalformed, Question
+from .base import Answer, BudgetHook, JudgeBatch, JudgeMalformed, Question
 from .stats import JudgeStats
 from .textsim import completion_evidence, coverage
 
@@ -48,10 +48,11 @@ class LocalJudge:
     def __init__(self) -> None:
         self.stats = JudgeStats(backend=self.backend)
 
-    async def ask(self, batch: JudgeBatch, budget: BudgetHook | None = None) -> list[float]:
+    async def ask(self, batch: JudgeBatch, budget: BudgetHook | None = None) -> list[Answer]:
         """Free and local, so `budget` is not charged."""
-        answers = [self.answer(batch, question) for question in batch.questions]
+        answers = [Answer(self.answer(batch, question), "lexical") for question in batch.questions]
         self.stats.count("ok", len(answers))
+        self.stats.count_answer("lexical", len(answers))
         return answers
 
     def answer(self, batch: JudgeBatch, question: Question) -> float:

@@ -1,12 +1,13 @@
 """A judge on any OpenAI-compatible Chat Completions endpoint (OpenAI, Azure OpenAI, vLLM,
-Ollama, LiteLLM), over aiohttp.
+llama.cpp's server, Ollama, LiteLLM), over aiohttp.
 
-Batch -> requests: one request per question, `max_tokens=1`, `logprobs` with `top_logprobs`, so
-every question gets its own probability read from the answer token's distribution:
-p(yes) = sum(P(yes-like tokens)) / (sum(P(yes-like)) + sum(P(no-like))) over the top logprobs.
-Servers that return no logprobs fall back to the answer text: "Yes..." -> 0.9, "No..." -> 0.1
-(FALLBACK_YES / FALLBACK_NO), anything else is JudgeMalformed. Requests of one batch run
-concurrently under `max_concurrency`; answers are cached by (model, prompt hash).
+Batch -> requests: one request per question group (trajectory_steps: one per trajectory;
+plan_adherence: one per plan step). The completion fills in one answer line per question, and
+each answer's p(yes) is read from its answer token's top_logprobs (evaluator/judge/answers.py).
+With `answer_grammar` the request carries a GBNF grammar (llama.cpp) that admits only those lines.
+A server that returns no logprobs gives answers marked `answer_text` (p 1.0/0.0, counted in
+stats.answers) or, with `require_logprobs`, JudgeMalformed. Requests of one batch run concurrently
+under `max_concurrency`; a request's answers are cached by (model, prompt version, messages).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
-import math
 import os
 import time
 from collections import deque
@@ -23,7 +23,9 @@ from typing import Any
 
 import aiohttp
 
+from .answers import read_answers
 from .base import (
+    Answer,
     BudgetHook,
     JudgeBatch,
     JudgeError,
@@ -32,53 +34,13 @@ from .base import (
     JudgeRateLimited,
     JudgeTimeout,
     JudgeUnavailable,
-    Question,
     stable_hash,
 )
 from .cache import JudgeCache
+from .grammar import answer_grammar
+from .prompt import RenderedGroup, prompt_file, render_group
 from .settings import OpenAIJudgeConfig
 from .stats import JudgeStats
-
-FALLBACK_YES, FALLBACK_NO = 0.9, 0.1
-YES_TOKENS = frozenset({"yes", "y", "true"})
-NO_TOKENS = frozenset({"no", "n", "false"})
-
-SYSTEM_PROMPT = (
-    "You are an evaluation judge for AI agent runs. You are given request fields as JSON state "
-    "and one statement about them. Reply with exactly one word: Yes if the statement is true, "
-    "No if it is false."
-)
-
-
-def probability_from_choice(choice: Mapping[str, Any]) -> float:
-    """p(yes) from one Chat Completions choice: logprobs when present, else the answer text."""
-    logprobs = choice.get("logprobs") or {}
-    content = logprobs.get("content") if isinstance(logprobs, Mapping) else None
-    if isinstance(content, list) and content and isinstance(content[0], Mapping):
-        first = content[0]
-        candidates = list(first.get("top_logprobs") or [])
-        if not candidates and "token" in first:
-            candidates = [first]
-        yes = no = 0.0
-        for entry in candidates:
-            try:
-                token = str(entry["token"]).strip().strip(".!,:").lower()
-                probability = math.exp(float(entry["logprob"]))
-            except (KeyError, TypeError, ValueError) as exc:
-                raise JudgeMalformed(f"unreadable top_logprobs entry: {entry!r}") from exc
-            if token in YES_TOKENS:
-                yes += probability
-            elif token in NO_TOKENS:
-                no += probability
-        if yes + no > 0:
-            return yes / (yes + no)
-    message = choice.get("message") or {}
-    text = str(message.get("content") or "").strip().lower()
-    if text.startswith("yes"):
-        return FALLBACK_YES
-    if text.startswith("no"):
-        return FALLBACK_NO
-    raise JudgeMalformed(f"answer is neither yes nor no: {text[:80]!r}")
 
 
 def retry_after_seconds(value: str | None, now: float) -> float | None:
@@ -92,10 +54,10 @@ def retry_after_seconds(value: str | None, now: float) -> float | None:
         return max(0.0, parsed.timestamp() - now) if parsed else None
 
 
-def render_messages(batch: JudgeBatch, question: Question) -> list[dict[str, str]]:
-    state = json.dumps(batch.referenced_state(question), indent=1, ensure_ascii=False, default=str)
-    user = f"State:\n```json\n{state}\n```\n\nStatement: {question.text}\nIs the statement true? Answer Yes or No."
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+def answer_token_budget(lines: list[str]) -> int:
+    """max_tokens for the answer lines: each restated line (~3 chars a token, generously) plus its
+    answer and newline; a bounded completion is what keeps a request's cost and latency known."""
+    return sum(len(line) // 3 + 6 for line in lines) + 8
 
 
 class OpenAIJudge:
@@ -126,29 +88,37 @@ class OpenAIJudge:
             await self._session.close()
             self._session = None
 
-    async def ask(self, batch: JudgeBatch, budget: BudgetHook | None = None) -> list[float]:
+    async def ask(self, batch: JudgeBatch, budget: BudgetHook | None = None) -> list[Answer]:
         if self._session is None:
             self._session = aiohttp.ClientSession()
             self._semaphore = asyncio.Semaphore(self.config.max_concurrency)
-        tasks = [asyncio.create_task(self._answer(batch, q, budget)) for q in batch.questions]
+        groups = list(batch.groups().values())
+        rendered = [render_group(batch, indices) for indices in groups]
+        tasks = [asyncio.create_task(self._answer(group, budget)) for group in rendered]
         try:
-            return list(await asyncio.gather(*tasks))
+            results = await asyncio.gather(*tasks)
         finally:
             for task in tasks:  # one failure fails the batch: stop paying for the rest
                 task.cancel()
+        answers: list[Answer | None] = [None] * len(batch.questions)
+        for indices, group_answers in zip(groups, results, strict=True):
+            for index, answer in zip(indices, group_answers, strict=True):
+                answers[index] = answer
+        return [answer for answer in answers if answer is not None]
 
-    async def _answer(self, batch: JudgeBatch, question: Question, budget: BudgetHook | None) -> float:
-        messages = render_messages(batch, question)
-        key = stable_hash([self.config.model, messages])
+    async def _answer(self, group: RenderedGroup, budget: BudgetHook | None) -> tuple[Answer, ...]:
+        key = stable_hash(
+            [self.config.model, prompt_file().version, self.config.answer_grammar, group.messages]
+        )
         cached = self.cache.get(key)
         if cached is not None:
             self.stats.count("cached")
             return cached
         assert self._semaphore is not None
         async with self._semaphore:
-            probability = await self._request(messages, budget)
-        self.cache.put(key, probability)
-        return probability
+            answers = await self._request(group, budget)
+        self.cache.put(key, answers)
+        return answers
 
     def _headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
@@ -179,16 +149,23 @@ class OpenAIJudge:
     def _backoff(self, attempt: int) -> float:
         return float(min(self.config.max_backoff_s, self.config.backoff_base_s * (2**attempt)))
 
-    async def _request(self, messages: list[dict[str, str]], budget: BudgetHook | None) -> float:
+    def _body(self, group: RenderedGroup) -> dict[str, Any]:
         cfg = self.config
-        body = {
+        body: dict[str, Any] = {
             "model": cfg.model,
-            "messages": messages,
-            cfg.max_tokens_field: 1,
+            "messages": group.messages,
+            cfg.max_tokens_field: answer_token_budget(group.lines),
             "temperature": 0,
             "logprobs": True,
             "top_logprobs": cfg.top_logprobs,
         }
+        if cfg.answer_grammar:
+            body["grammar"] = answer_grammar(group.lines)
+        return body
+
+    async def _request(self, group: RenderedGroup, budget: BudgetHook | None) -> tuple[Answer, ...]:
+        cfg = self.config
+        body = self._body(group)
         url = cfg.base_url.rstrip("/") + "/chat/completions"
         timeout = aiohttp.ClientTimeout(total=cfg.timeout_s)
         assert self._session is not None
@@ -218,7 +195,7 @@ class OpenAIJudge:
                         detail = (await response.text())[:200]
                         raise JudgeError(f"HTTP {response.status} from {cfg.base_url}: {detail}")
                     else:
-                        return self._read(await response.read(), budget)
+                        return self._read(await response.read(), group, budget)
             except TimeoutError:
                 self.stats.count("timeout")
                 failure = JudgeTimeout(f"no answer from {cfg.base_url} within {cfg.timeout_s}s")
@@ -229,19 +206,15 @@ class OpenAIJudge:
                 await self._sleep(delay)
         raise failure
 
-    def _read(self, raw: bytes, budget: BudgetHook | None) -> float:
-        """Parse a 2xx body: probability, token usage, cost. Malformed bodies are not retried."""
+    def _read(self, raw: bytes, group: RenderedGroup, budget: BudgetHook | None) -> tuple[Answer, ...]:
+        """Parse a 2xx body: answers, token usage, cost. Malformed bodies are not retried (a
+        deterministic model would answer the same again), but their tokens are still paid for."""
         try:
             data = json.loads(raw)
             choice = data["choices"][0]
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             self.stats.count("error")
             raise JudgeMalformed(f"not a Chat Completions response: {raw[:120]!r}") from exc
-        try:
-            probability = probability_from_choice(choice)
-        except JudgeMalformed:
-            self.stats.count("error")
-            raise
         usage = data.get("usage") or {}
         tokens_in = int(usage.get("prompt_tokens") or 0)
         tokens_out = int(usage.get("completion_tokens") or 0)
@@ -252,5 +225,12 @@ class OpenAIJudge:
         self.stats.add_usage(tokens_in, tokens_out, cost)
         if budget is not None:
             budget.spend_usd(cost)
+        try:
+            answers = tuple(read_answers(choice, group.keys, self.config.require_logprobs, group.lines))
+        except JudgeMalformed:
+            self.stats.count("malformed")
+            raise
         self.stats.count("ok")
-        return probability
+        for answer in answers:
+            self.stats.count_answer(answer.source)
+        return answers

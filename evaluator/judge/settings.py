@@ -24,7 +24,9 @@ class OpenAIJudgeConfig(BaseModel):
         default="Authorization", description="`Authorization` (Bearer) or Azure's `api-key`."
     )
     query: dict[str, str] = Field(default_factory=dict, description="e.g. Azure's api-version.")
-    timeout_s: float = Field(default=20.0, gt=0)
+    timeout_s: float = Field(
+        default=20.0, gt=0, description="One request's timeout (a whole trajectory's answers on CPU models)."
+    )
     max_concurrency: int = Field(default=4, ge=1)
     max_retries: int = Field(default=3, ge=0)
     backoff_base_s: float = Field(default=0.5, ge=0)
@@ -35,6 +37,16 @@ class OpenAIJudgeConfig(BaseModel):
     requests_per_minute: int | None = Field(default=None, ge=1)
     max_rpm_wait_s: float = Field(default=5.0, ge=0, description="Longer waits for a slot fail fast.")
     top_logprobs: int = Field(default=5, ge=1, le=20)
+    answer_grammar: bool = Field(
+        default=False,
+        description="Send a GBNF `grammar` that admits only the answer lines (llama.cpp's server and "
+        "llama-cpp-python; OpenAI rejects the field).",
+    )
+    require_logprobs: bool = Field(
+        default=False,
+        description="An answer without logprobs is malformed (not_scored) instead of a 1.0/0.0 "
+        "answer marked `answer_text`.",
+    )
     max_tokens_field: str = Field(
         default="max_tokens", description="`max_completion_tokens` for newer models."
     )

@@ -13,13 +13,18 @@ class JudgeStats:
 
     backend: str
     requests: Counter[str] = field(default_factory=Counter)
-    """By outcome: ok, error, timeout, rate_limited, cached, over_budget."""
+    """By outcome: ok, error, malformed, timeout, rate_limited, cached, over_budget."""
+    answers: Counter[str] = field(default_factory=Counter)
+    """Answers by where their probability came from: logprobs, answer_text (no logprobs), lexical."""
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0
 
     def count(self, outcome: str, n: int = 1) -> None:
         self.requests[outcome] += n
+
+    def count_answer(self, source: str, n: int = 1) -> None:
+        self.answers[source] += n
 
     def add_usage(self, input_tokens: int, output_tokens: int, cost_usd: float) -> None:
         self.input_tokens += input_tokens
@@ -30,6 +35,7 @@ class JudgeStats:
         return {
             "backend": self.backend,
             "requests": dict(self.requests),
+            "answers": dict(self.answers),
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             "cost_usd": round(self.cost_usd, 6),

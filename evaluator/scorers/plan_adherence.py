@@ -12,7 +12,11 @@ in parallel and are never out of order.
   R = 1 − out_of_order / max(1, placed plan steps − 1)                   ordering
   score = 100 × C × (1 − 0.5 × O) × (1 − 0.5 × (1 − R))
 so the score is 100 exactly when nothing is listed in the metadata. The final reply is a
-processed step (it can carry out "suggest activities") but is never off-plan.
+processed step (it can carry out "suggest activities") but is never off-plan, and it is not an
+actionable step: a trace whose only processed step is its reply fails, as the spec says.
+
+Requests: the questions about one plan step (its N c_ij and full_i) form one request group, so a
+remote judge gets K requests per trace (the Tokyo example: 4, not K × (N + 1) = 12).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..judge.base import JudgeBatch, Question
+from ..judge.base import Answer, JudgeBatch, Question
 from ..judge.render import render_step
 from ..judge.runner import JudgeRunner
 from ..plan import last_reply, plan_from_expected, plan_from_prompts, prompt_messages
@@ -105,23 +109,26 @@ def resolve_plan(inp: ScoringInput) -> tuple[list[str], str] | str:
 
 
 def plan_questions(plan: list[str], steps: list[str]) -> list[Question]:
+    """K `full_i` questions, then the K × N `c_ij` (i major); group `plan{i}` per plan step."""
     questions = [
         Question(
             id=f"full{i}",
             kind="fully_accomplishes",
-            text=f"The steps in `trajectory` together fully carry out `plan_steps[{i}]`, not just part of it.",
+            text=f"The steps in the trajectory together fully carry out “{step}”, not just part of it.",
             refs=("trajectory", "plan_steps"),
             args={"target": "plan_steps", "index": i},
+            group=f"plan{i}",
         )
-        for i in range(len(plan))
+        for i, step in enumerate(plan)
     ]
     questions += [
         Question(
             id=f"c{i}.{j}",
             kind="contributes",
-            text=f"`trajectory[{j}]` carries out `plan_steps[{i}]` or a part of it.",
+            text=f"Trajectory step {j + 1} carries out “{plan[i]}” or a part of it.",
             refs=("trajectory", "plan_steps"),
             args={"target": "plan_steps", "step": i, "index": j},
+            group=f"plan{i}",
         )
         for i in range(len(plan))
         for j in range(len(steps))
@@ -168,7 +175,7 @@ class PlanAdherenceScorer:
             return ScoreResult(metric=METRIC, error=resolved)
         plan, source = resolved
         processed = processed_steps(inp)
-        if not processed.steps:
+        if len(processed.steps) == (0 if processed.final_answer_index is None else 1):
             return ScoreResult(metric=METRIC, error="the trace has no actionable steps to score")
         batch = JudgeBatch(
             state={"trajectory": processed.steps, "plan_steps": plan},
@@ -184,9 +191,10 @@ class PlanAdherenceScorer:
         if isinstance(answers, ScoreResult):
             return answers
         k, n = len(plan), len(processed.steps)
-        full = answers[:k]
-        matrix = [answers[k + i * n : k + (i + 1) * n] for i in range(k)]
-        return self._result(plan, source, processed, full, matrix, self._threshold(inp))
+        p = [answer.p for answer in answers]
+        full = p[:k]
+        matrix = [p[k + i * n : k + (i + 1) * n] for i in range(k)]
+        return self._result(plan, source, processed, full, matrix, self._threshold(inp), answers)
 
     def _result(
         self,
@@ -196,6 +204,7 @@ class PlanAdherenceScorer:
         full: list[float],
         matrix: list[list[float]],
         threshold: float,
+        answers: list[Answer],
     ) -> ScoreResult:
         steps, rounds = processed.steps, processed.rounds
         p_any = [max(max(row, default=0.0), f) for row, f in zip(matrix, full, strict=True)]
@@ -254,6 +263,8 @@ class PlanAdherenceScorer:
             "ordering": round(ordering, 4),
             "processed_steps": steps,
             "judge": self.runner.judge.backend,
+            "answers_without_logprobs": sum(answer.source == "answer_text" for answer in answers),
+            **self.runner.prompt_metadata(),
         }
         if score < 100:
             metadata["incorrect_plan_steps"] = incorrect_plan_steps
@@ -269,6 +280,11 @@ class PlanAdherenceScorer:
             f"{statuses['missed']} missed; {len(incorrect_span_indexes)} off-plan step(s); "
             f"{len(out_of_order_steps)} out of order → {score:.0f}/100"
         )
+        if metadata["answers_without_logprobs"]:
+            explanation += (
+                f" · {metadata['answers_without_logprobs']} answer(s) without logprobs: read from the "
+                "answer text as 1/0, not probabilities"
+            )
         return ScoreResult(
             metric=METRIC,
             score=score,

@@ -3,15 +3,21 @@ trajectory accomplish it, allowing different wording?") plus one order question.
 
 score = (performed / K) × (0.7 + 0.3 × p(order)), performed = Σ p(step i performed).
 The sum of probabilities (not the count of p >= 0.5) is the reading that reproduces the spec's
-worked example: 0.98, 0.96, 0.05 and order 0.97 give 1.99/3 × 0.991 = 0.657, shown as 0.65
-(the count reading gives 2/3 × 0.991 = 0.661, which no rounding of the shown figures brings to 0.65).
+worked example: 0.98, 0.96, 0.05 and order 0.97 give 1.99/3 × 0.991 = 0.6574, which the spec
+shows as "score 0.65": shown figures are truncated to two decimals (`shown`), as the spec does;
+the `score` field keeps four decimals (the count reading gives 0.661, which no rounding of the
+shown figures brings to 0.65).
+
+All K step questions and the order question form one request group: one judge request per
+trajectory, whatever K (the spec: "all in one request").
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from ..judge.base import JudgeBatch, Question
+from ..judge.base import Answer, JudgeBatch, Question
 from ..judge.render import render_items, render_step
 from ..judge.runner import JudgeRunner
 from ..results import ScoreResult
@@ -20,28 +26,38 @@ from .base import ScoringInput
 METRIC = "trajectory_steps"
 DEFAULT_THRESHOLD = 0.5
 ORDER_WEIGHT = 0.3
+GROUP = "steps"
 
 
-def step_question(index: int) -> Question:
+def step_question(index: int, step: str) -> Question:
+    """The spec's question with the step's text in it (a small judge cannot resolve an index)."""
     return Question(
         id=f"s{index}",
         kind="accomplishes",
-        text=(
-            "The agent's `trajectory` includes a step that accomplishes "
-            f"`expected_trajectory[{index}]`, allowing different wording."
-        ),
+        text=f"The agent's trajectory includes a step that accomplishes “{step}”, allowing different wording.",
         refs=("trajectory", "expected_trajectory"),
         args={"target": "expected_trajectory", "index": index},
+        group=GROUP,
     )
 
 
 ORDER_QUESTION = Question(
     id="order",
     kind="order",
-    text="The steps in `trajectory` occur in the same order as the corresponding steps in `expected_trajectory`.",
+    text="The steps in the trajectory occur in the same order as the corresponding expected steps.",
     refs=("trajectory", "expected_trajectory"),
     args={"target": "expected_trajectory"},
+    group=GROUP,
 )
+
+
+def shown(value: float) -> str:
+    """Two decimals, truncated (the spec shows 0.6574 as 0.65)."""
+    return f"{math.floor(value * 100 + 1e-9) / 100:.2f}"
+
+
+def shown_percent(value: float) -> int:
+    return math.floor(value * 100 + 1e-9)
 
 
 def _flatten(steps: list[Any]) -> list[str]:
@@ -115,13 +131,15 @@ class TrajectoryStepsScorer:
             return ScoreResult(metric=METRIC, error=trajectory)
         threshold = self._threshold(inp)
         if not trajectory:
+            none = [Answer(0.0, "lexical")] * len(expected)
             return self._result(
-                [0.0] * len(expected), 0.5, expected, trajectory, threshold, "empty trajectory"
+                none, Answer(0.5, "lexical"), expected, trajectory, threshold, "empty trajectory"
             )
         state: dict[str, Any] = {"trajectory": trajectory, "expected_trajectory": expected}
-        if isinstance(inp.extras.get("input"), str):
-            state["input"] = inp.extras["input"]
-        questions = [step_question(i) for i in range(len(expected))] + [ORDER_QUESTION]
+        task = inp.extras.get("input")
+        if isinstance(task, str) and task.strip():
+            state["input"] = task  # the spec's optional field: the judge reads the task
+        questions = [step_question(i, step) for i, step in enumerate(expected)] + [ORDER_QUESTION]
         answers = await self.runner.ask(
             METRIC,
             JudgeBatch(state=state, questions=questions),
@@ -135,23 +153,37 @@ class TrajectoryStepsScorer:
 
     def _result(
         self,
-        probabilities: list[float],
-        p_order: float,
+        answers: list[Answer],
+        order: Answer,
         expected: list[str],
         trajectory: list[str],
         threshold: float,
         note: str | None,
     ) -> ScoreResult:
+        probabilities = [answer.p for answer in answers]
+        p_order = order.p
         score = combine(probabilities, p_order)
         details = [
-            {"index": i, "step": step, "probability": round(p, 4), "performed": p >= 0.5}
-            for i, (step, p) in enumerate(zip(expected, probabilities, strict=True))
+            {
+                "index": i,
+                "step": step,
+                "probability": round(answer.p, 4),
+                "performed": answer.p >= 0.5,
+                "probability_source": answer.source,
+            }
+            for i, (step, answer) in enumerate(zip(expected, answers, strict=True))
         ]
         missing = [row["step"] for row in details if not row["performed"]]
         performed_count = len(expected) - len(missing)
-        explanation = f"{performed_count}/{len(expected)} steps · order {p_order:.0%} → score {score:.2f}"
+        explanation = f"{performed_count}/{len(expected)} steps · order {shown_percent(p_order)}% → score {shown(score)}"
         if missing:
             explanation += " · " + ", ".join(f"“{step}”" for step in missing) + " missing"
+        without_logprobs = sum(answer.source == "answer_text" for answer in [*answers, order])
+        if without_logprobs:
+            explanation += (
+                f" · {without_logprobs} answer(s) without logprobs: read from the answer text as 1/0, "
+                "not probabilities"
+            )
         if note:
             explanation += f" · {note}"
         return ScoreResult(
@@ -159,12 +191,14 @@ class TrajectoryStepsScorer:
             score=round(score, 4),
             passed=score >= threshold,
             threshold=threshold,
-            label=f"{round(score * 100)}% yes",
+            label=f"{shown_percent(score)}% yes",
             explanation=explanation,
             metadata={
                 "confidence": round(abs(score - 0.5) * 2, 4),
                 "probabilities": {"yes": round(score, 4), "no": round(1 - score, 4)},
                 "p_order": round(p_order, 4),
+                "p_order_source": order.source,
+                "answers_without_logprobs": without_logprobs,
                 "performed": round(sum(probabilities), 4),
                 "performed_count": performed_count,
                 "expected_count": len(expected),
@@ -172,5 +206,6 @@ class TrajectoryStepsScorer:
                 "missing_steps": missing,
                 "trajectory": trajectory,
                 "judge": self.runner.judge.backend,
+                **self.runner.prompt_metadata(),
             },
         )

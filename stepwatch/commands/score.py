@@ -2,8 +2,11 @@
 pipeline the streaming service uses.
 
 Exit codes: 0 every partition was scored (whatever the scores); 1 some partition or dataset row
-could not be scored (its record carries `error`); 2 bad input (unreadable/invalid trace file given
-on the command line, invalid --expected-steps or --rules, unreadable dataset file).
+could not be scored: its record carries `error`, a scorer asked for with --scorer could not run on
+it (e.g. agent.step_accuracy with no expected steps from any source), or a judge scorer gave
+`not_scored` because the judge failed (unreachable, timed out, malformed answers, over budget;
+judge sampling is a decision, not a failure); 2 bad input (unreadable/invalid trace file given on
+the command line, invalid --expected-steps or --rules, unreadable dataset file).
 """
 
 from __future__ import annotations
@@ -87,6 +90,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="VAR",
         help="environment variable holding the API key (default OPENAI_API_KEY)",
     )
+    parser.add_argument(
+        "--judge-timeout",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="one judge request's timeout (default 20; a CPU-served model may need 60)",
+    )
+    parser.add_argument(
+        "--judge-deadline",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="the judge's deadline per partition, retries included (default 60): slower is not_scored",
+    )
+    parser.add_argument(
+        "--judge-grammar",
+        action="store_true",
+        help="constrain the judge's answer lines with a GBNF grammar (llama.cpp's server only)",
+    )
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return value
 
 
 @dataclass(slots=True)
@@ -102,7 +132,7 @@ class Record:
 
     @property
     def failed(self) -> bool:
-        return self.error is not None or any(r.error is not None for r in self.results)
+        return self.error is not None or any(r.error is not None or _judge_failed(r) for r in self.results)
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id}
@@ -114,6 +144,15 @@ class Record:
         else:
             out["results"] = [_result_json(r) for r in self.results]
         return out
+
+
+def _judge_failed(result: Any) -> bool:
+    """A judge scorer's not_scored because the judge failed (not because it was sampled out)."""
+    if result.not_scored is None:
+        return False
+    from stepwatch.evaluator.judge.runner import JUDGE_FAILURES
+
+    return result.metadata.get("judge_outcome") in JUDGE_FAILURES
 
 
 def _result_json(result: Any) -> dict[str, Any]:
@@ -425,6 +464,7 @@ def _score_spans(
         try:
             selected, scorers = _selected_scorers(registry, expectation, args)
             inp, record.results = _score_partition(partition, selected, scorers, runner)
+            record.results = _with_unmet_requests(record.results, args)
         except Exception as exc:  # one partition's failure must not stop the others
             record.error = f"{type(exc).__name__}: {exc}"
             yield record, []
@@ -447,10 +487,15 @@ def _judge_runtime(args: argparse.Namespace) -> Any:
                 ("base_url", args.judge_base_url),
                 ("model", args.judge_model),
                 ("api_key_env", args.judge_api_key_env),
+                ("timeout_s", args.judge_timeout),
+                ("answer_grammar", args.judge_grammar or None),
             )
             if value
         }
-        runner = build_runner(JudgeServiceConfig(backend=args.judge, openai=OpenAIJudgeConfig(**overrides)))
+        service: dict[str, Any] = {"backend": args.judge, "openai": OpenAIJudgeConfig(**overrides)}
+        if args.judge_deadline is not None:
+            service["deadline_s"] = args.judge_deadline
+        runner = build_runner(JudgeServiceConfig(**service))
         runtime = (ScorerRegistry.builtin().extended(judge_scorer_entries(runner)), runner)
         args.judge_runtime = runtime
     return runtime
@@ -494,6 +539,27 @@ def _selected_scorers(registry: Any, expectation: Any, args: argparse.Namespace)
     return expectation, [registry.create(name, expectation) for name in args.scorer]
 
 
+UNMET_REASONS = {
+    SUMMARY_METRIC: "no expected steps to score against: none from --expected-steps, the dataset row or "
+    "the trace's aip.eval.expected_steps (every partition must resolve them, or scoring fails)",
+    "trajectory_steps": "no expected_trajectory (nor expected_steps) to judge against",
+    "trajectory": "no trajectory rules given (--rules or the row's rules)",
+}
+
+
+def _with_unmet_requests(results: list[Any], args: argparse.Namespace) -> list[Any]:
+    """An error result for each scorer asked for by --scorer that produced no result: asked for and
+    silently absent would read as "nothing to report" and exit 0."""
+    if not args.scorer:
+        return results
+    from stepwatch.evaluator.results import ScoreResult
+
+    produced = {result.metric for result in results}
+    unmet = [name for name in dict.fromkeys(args.scorer) if name not in produced]
+    reasons = [UNMET_REASONS.get(name, "this scorer does not apply to the partition") for name in unmet]
+    return results + [ScoreResult(metric=name, error=why) for name, why in zip(unmet, reasons, strict=True)]
+
+
 def _run_async(inp: Any, scorers: list[Any], runner: Any) -> list[Any]:
     """Judge scorers are async: one event loop per partition; the judge's HTTP session closes with it."""
     from stepwatch.evaluator.pipeline import run_async_scorers
@@ -528,7 +594,7 @@ def _score_inline(job: InlineJob, args: argparse.Namespace) -> Record:
         expectation, scorers = _selected_scorers(registry, job.expectation, args)
         inp = inline_scoring_input(job.row, expectation, lambda doc: decode_openinference(doc).spans, job.id)
         record.partition_id, record.task_key = inp.partition.id, inp.partition.task_key
-        record.results = _run_async(inp, scorers, runner)
+        record.results = _with_unmet_requests(_run_async(inp, scorers, runner), args)
     except ValueError as exc:  # DecodeError included: a bad inline trace is this row's error
         record.error = f"{job.id}: {exc}"
     return record

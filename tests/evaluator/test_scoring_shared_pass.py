@@ -231,8 +231,11 @@ def test_tool_step_name_equals_first_attribute_reading() -> None:
     for _ in range(2000):
         span = random_spans(rnd)[:1]
         for s in span:
-            value = first_attribute(s.attributes, TOOL_NAME_ATTRIBUTES)
-            want = str(value) if value is not None and value != "" else s.name
+            # an empty name reads as absent: the next convention names the step (issue 15, edge e)
+            named = [
+                s.attributes.get(n) for n in TOOL_NAME_ATTRIBUTES if s.attributes.get(n) not in (None, "")
+            ]
+            want = str(named[0]) if named else s.name
             assert tool_step_name(s) == want == step_name(s, "TOOL")
 
 
@@ -267,18 +270,25 @@ def reference_trajectory(spans: list[Span]) -> Trajectory:
             step_input, step_output = reference_tool_io(span)
             steps.append(new_trajectory_step(tool_step_name(span), step_input, step_output))
     answer = None
-    for span in reversed(root_spans(ordered)):
-        value = first_attribute(span.attributes, FINAL_ANSWER_ATTRIBUTES)
-        if value is not None:
-            answer = value if isinstance(value, str) else json.dumps(value)
-            break
+    answering = [
+        s for s in root_spans(ordered) if first_attribute(s.attributes, FINAL_ANSWER_ATTRIBUTES) is not None
+    ]
+    timed = [s for s in answering if s.start_time_unix_nano is not None]  # latest start wins (edge: untimed)
+    if timed or answering:
+        value = first_attribute((timed or answering)[-1].attributes, FINAL_ANSWER_ATTRIBUTES)
+        answer = value if isinstance(value, str) else json.dumps(value)
     input_tokens = output_tokens = 0
     for span in ordered:
         attributes = span.attributes
-        if "gen_ai.usage.input_tokens" in attributes or "gen_ai.usage.output_tokens" in attributes:
-            pair = attributes.get("gen_ai.usage.input_tokens"), attributes.get("gen_ai.usage.output_tokens")
-        else:
-            pair = attributes.get("llm.token_count.prompt"), attributes.get("llm.token_count.completion")
+        # per field: GenAI usage, else the OpenInference count (issue 15, edge g)
+        prompt, completion = (
+            attributes.get("gen_ai.usage.input_tokens"),
+            attributes.get("gen_ai.usage.output_tokens"),
+        )
+        pair = (
+            prompt if prompt is not None else attributes.get("llm.token_count.prompt"),
+            completion if completion is not None else attributes.get("llm.token_count.completion"),
+        )
         input_tokens += _count(pair[0]) if pair[0] is not None else 0
         output_tokens += _count(pair[1]) if pair[1] is not None else 0
     starts = [s.start_time_unix_nano for s in ordered if s.start_time_unix_nano is not None]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,12 @@ from stepwatch.evaluator.pipeline import build_scoring_input
 from stepwatch.evaluator.scorers.base import ScoringInput
 from stepwatch.evaluator.trajectory import Trajectory
 from stepwatch.receiver.openinference_json import decode_openinference
+
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:  # llama_fixture.py, importable from the judge tests
+    sys.path.insert(0, _HERE)
+
+from fake_openai import fake  # noqa: E402, F401  (tests/fake_openai.py: the fake server fixture)
 
 DATA = Path(__file__).parent / "data"
 

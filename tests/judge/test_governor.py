@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from stepwatch.evaluator.expectation import Expectation
-from stepwatch.evaluator.judge.base import BudgetHook, JudgeBatch, JudgeOverBudget
+from stepwatch.evaluator.judge.base import Answer, BudgetHook, JudgeBatch, JudgeOverBudget
 from stepwatch.evaluator.judge.governor import DailyBudget, JudgeGovernor, sampled
 from stepwatch.evaluator.judge.runner import JudgeRunner
 from stepwatch.evaluator.judge.settings import JudgeBudget, JudgeSettings
@@ -51,17 +51,17 @@ async def test_per_task_budget_is_separate_from_other_tasks(make_inline):
     class CountingJudge:
         backend = "counting"
 
-        async def ask(self, batch: JudgeBatch, budget: BudgetHook | None = None) -> list[float]:
-            for _ in batch.questions:
+        async def ask(self, batch: JudgeBatch, budget: BudgetHook | None = None) -> list[Answer]:
+            for _ in batch.groups():  # one request per question group, as the hosted backend sends
                 assert budget is not None
                 budget.spend_request()
-            return [0.9 for _ in batch.questions]
+            return [Answer(0.9) for _ in batch.questions]
 
     runner = JudgeRunner(judge=CountingJudge(), governor=JudgeGovernor())
-    limited = Expectation(judge=JudgeSettings(daily_budget=JudgeBudget(requests=2)))
+    limited = Expectation(judge=JudgeSettings(daily_budget=JudgeBudget(requests=1)))
     scorer = TrajectoryStepsScorer(runner)
     first = make_inline(REFUND, limited, pid="p1")
-    assert (await scorer.score(first)).score is not None  # 1 step + order = 2 requests
+    assert (await scorer.score(first)).score is not None  # K step questions + order = 1 request
     assert "task ''" in (await scorer.score(make_inline(REFUND, limited, pid="p2"))).not_scored
     assert (await scorer.score(make_inline(REFUND, Expectation(), pid="p3"))).score is not None
 
@@ -70,7 +70,7 @@ async def test_a_stalled_judge_is_abandoned_at_the_deadline(make_inline):
     class StalledJudge:
         backend = "stalled"
 
-        async def ask(self, batch: JudgeBatch, budget: BudgetHook | None = None) -> list[float]:
+        async def ask(self, batch: JudgeBatch, budget: BudgetHook | None = None) -> list[Answer]:
             await asyncio.sleep(30)
             return []
 

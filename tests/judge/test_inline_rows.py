@@ -28,7 +28,7 @@ async def test_inline_trajectory_row_scores_trajectory_steps():
     assert has_inline_fields(row)
     scorer = registry().create("trajectory_steps")
     [result] = await score_inline_row(row, None, [scorer], decode, "refund")
-    assert result.label == "65% yes" and result.metadata["missing_steps"] == ["notify customer"]
+    assert result.label == "64% yes" and result.metadata["missing_steps"] == ["notify customer"]
 
 
 async def test_inline_openinference_trace_scores_plan_adherence(tokyo_trace):

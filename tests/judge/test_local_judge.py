@@ -28,13 +28,31 @@ async def test_spec_refund_example_scores_two_of_three_with_notify_missing(make_
     assert rows[0]["probability"] > 0.9 and rows[1]["probability"] > 0.9 and rows[2]["probability"] < 0.1
     assert result.metadata["p_order"] > 0.9
     assert result.score == pytest.approx(0.65, abs=0.01)
-    assert result.label == "65% yes"
+    assert result.label == "64% yes"  # 0.648: shown figures are truncated, as the spec shows them
     assert result.passed is True and result.threshold == 0.5
     assert result.metadata["confidence"] == pytest.approx(abs(result.score - 0.5) * 2, abs=1e-3)
     assert result.metadata["probabilities"]["yes"] + result.metadata["probabilities"]["no"] == pytest.approx(
         1
     )
     assert "“notify customer” missing" in result.explanation
+
+
+async def test_the_spec_worked_figures_show_as_the_spec_shows_them(make_inline):
+    """98 %, 96 %, 5 %, order 97 % -> "2/3 steps · order 97% → score 0.65": truncated, not rounded
+    (rounding 0.6574 shows 0.66, the doc/code mismatch this pins)."""
+    from stepwatch.evaluator.judge.base import Answer
+    from stepwatch.evaluator.judge.runner import JudgeRunner
+
+    class SpecJudge:
+        backend = "spec"
+
+        async def ask(self, batch: JudgeBatch, budget: object = None) -> list[Answer]:
+            return [Answer(p, "logprobs") for p in (0.98, 0.96, 0.05, 0.97)]
+
+    result = await TrajectoryStepsScorer(JudgeRunner(judge=SpecJudge())).score(make_inline(REFUND))
+    assert result.score == pytest.approx(0.6574, abs=1e-4)
+    assert result.explanation.startswith("2/3 steps · order 97% → score 0.65 · “notify customer” missing")
+    assert result.label == "65% yes"
 
 
 def test_combination_reproduces_the_spec_worked_figure():

@@ -1,106 +1,41 @@
-"""The OpenAI-compatible backend against a local fake Chat Completions server (real wire format)."""
+"""The OpenAI-compatible backend against a fake Chat Completions server (real wire format): the
+batched request shape, the answers read from logprobs, and the failure modes a real server
+cannot be made to show (429, 5xx, timeouts, no logprobs, malformed answers)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from aiohttp import web
+from fake_openai import FakeServer, answering, completion_for, form_lines, raw_completion
 
 from stepwatch.evaluator.judge.base import (
+    Answer,
     JudgeBatch,
     JudgeError,
     JudgeMalformed,
     JudgeOverBudget,
     JudgeTimeout,
     JudgeUnavailable,
-    Question,
 )
 from stepwatch.evaluator.judge.governor import JudgeGovernor
 from stepwatch.evaluator.judge.openai import OpenAIJudge
+from stepwatch.evaluator.judge.prompt import prompt_file
 from stepwatch.evaluator.judge.runner import JudgeRunner
 from stepwatch.evaluator.judge.settings import JudgeBudget, OpenAIJudgeConfig
-from stepwatch.evaluator.scorers.trajectory_steps import TrajectoryStepsScorer
+from stepwatch.evaluator.model import Partition
+from stepwatch.evaluator.scorers.base import ScoringInput
+from stepwatch.evaluator.scorers.trajectory_steps import ORDER_QUESTION, TrajectoryStepsScorer, step_question
+from stepwatch.evaluator.trajectory import Trajectory
 
 REFUND = {
-    "trajectory": ["look up order 4471", "issue refund of $89.00"],
+    "trajectory": ['lookup_order {"order_id": 4471}', 'issue_refund {"order_id": 4471, "amount": 89.0}'],
     "expected_trajectory": ["look up order", "issue refund", "notify customer"],
 }
-
-
-def completion(
-    top: list[tuple[str, float]] | None, content: str = "Yes", usage: tuple[int, int] = (120, 1)
-) -> dict:
-    """A Chat Completions response body; `top` are (token, probability) pairs for top_logprobs."""
-    choice: dict[str, Any] = {
-        "index": 0,
-        "message": {"role": "assistant", "content": content},
-        "finish_reason": "length",
-        "logprobs": None,
-    }
-    if top is not None:
-        entries = [{"token": t, "logprob": math.log(p), "bytes": list(t.encode())} for t, p in top]
-        choice["logprobs"] = {"content": [{**entries[0], "top_logprobs": entries}], "refusal": None}
-    return {
-        "id": "chatcmpl-test",
-        "object": "chat.completion",
-        "created": 1_700_000_000,
-        "model": "judge-model",
-        "choices": [choice],
-        "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)},
-    }
-
-
-@dataclass
-class FakeServer:
-    """Records every request; `respond(body, n)` decides each answer (n = request number, from 0)."""
-
-    respond: Callable[[dict, int], Any]
-    requests: list[dict] = field(default_factory=list)
-    times: list[float] = field(default_factory=list)
-    headers: list[dict] = field(default_factory=list)
-    url: str = ""
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        n = len(self.requests)
-        self.requests.append(body)
-        self.times.append(time.monotonic())
-        self.headers.append(dict(request.headers))
-        answer = self.respond(body, n)
-        if asyncio.iscoroutine(answer):
-            answer = await answer
-        if isinstance(answer, web.StreamResponse):
-            return answer
-        return web.json_response(answer)
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[Callable[[Callable[[dict, int], Any]], FakeServer]]:
-    runners: list[web.AppRunner] = []
-
-    async def start(respond: Callable[[dict, int], Any]) -> FakeServer:
-        server = FakeServer(respond)
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", server.handle)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        runners.append(runner)
-        host, port = runner.addresses[0][:2]
-        server.url = f"http://{host}:{port}/v1"
-        return server
-
-    yield start
-    for runner in runners:
-        await runner.cleanup()
 
 
 def judge_for(server: FakeServer, **overrides: Any) -> OpenAIJudge:
@@ -108,99 +43,143 @@ def judge_for(server: FakeServer, **overrides: Any) -> OpenAIJudge:
     return OpenAIJudge(config, environ={"OPENAI_API_KEY": "sk-test"})
 
 
-def one_question() -> JudgeBatch:
-    question = Question(
-        "s0",
-        "accomplishes",
-        "The agent's `trajectory` includes a step that accomplishes `expected_trajectory[0]`.",
-        ("trajectory", "expected_trajectory"),
-        {"target": "expected_trajectory", "index": 0},
-    )
-    return JudgeBatch(state=REFUND, questions=[question])
+def refund_batch(state: dict[str, Any] | None = None) -> JudgeBatch:
+    state = state or REFUND
+    questions = [step_question(i, s) for i, s in enumerate(state["expected_trajectory"])] + [ORDER_QUESTION]
+    return JudgeBatch(state=state, questions=questions)
 
 
-def by_statement(body: dict, n: int) -> dict:
+def refund_answers(line: str) -> float:
     """Yes for the first two expected steps and the order, no for notify customer."""
-    statement = body["messages"][1]["content"]
-    p_yes = 0.04 if "expected_trajectory[2]" in statement else 0.96
-    return completion([("Yes", p_yes), ("No", 1 - p_yes)])
+    return 0.04 if "notify customer" in line else 0.96
 
 
-async def test_probability_from_top_logprobs_and_the_request_shape(fake):
-    server = await fake(
-        lambda body, n: completion([("Yes", 0.6), (" yes", 0.1), ("No", 0.2), ("Maybe", 0.1)])
+def scoring_input(pid: str, **extras: Any) -> ScoringInput:
+    return ScoringInput(
+        Partition(type="trace", id=pid, spans=[]), [], Trajectory(), None, None, extras=dict(REFUND, **extras)
     )
+
+
+async def test_one_request_per_trajectory_and_p_read_from_each_answer_tokens_logprobs(fake):
+    server = await fake(answering(lambda line: {"E1": 0.9, "E2": 0.7, "E3": 0.2}.get(line[:2], 0.6)))
     judge = judge_for(server)
     try:
-        [p] = await judge.ask(one_question())
+        answers = await judge.ask(refund_batch())
     finally:
         await judge.aclose()
-    assert p == pytest.approx(0.7 / 0.9)
+    assert len(server.requests) == 1  # K = 3 step questions + the order question, one request
+    assert [a.p for a in answers] == [pytest.approx(p) for p in (0.9, 0.7, 0.2, 0.6)]
+    assert {a.source for a in answers} == {"logprobs"}
     body = server.requests[0]
-    assert body["model"] == "judge-model" and body["max_tokens"] == 1 and body["temperature"] == 0
-    assert body["logprobs"] is True and body["top_logprobs"] == 5
-    assert [m["role"] for m in body["messages"]] == ["system", "user"]
-    assert '"expected_trajectory"' in body["messages"][1]["content"]
+    assert body["model"] == "judge-model" and body["temperature"] == 0
+    assert body["logprobs"] is True and body["top_logprobs"] == 5 and "grammar" not in body
+    assert form_lines(body) == ["E1. look up order", "E2. issue refund", "E3. notify customer", "order"]
+    assert 20 <= body["max_tokens"] <= 80  # bounded: restated lines plus their answers
+    roles = [m["role"] for m in body["messages"]]
+    examples = len(prompt_file().trajectory_steps_examples)
+    assert roles == ["system", *["user", "assistant"] * examples, "user"]  # worked examples first
+    question = body["messages"][-1]["content"]
+    assert "S1. lookup order (order id: 4471)" in question  # readable: names split, compact args
+    assert "S2. issue refund (order id: 4471, amount: 89.0)" in question
+    assert "expected_trajectory[" not in question  # the step text, not an index into JSON
     assert server.headers[0]["Authorization"] == "Bearer sk-test"
     assert judge.stats.snapshot()["requests"] == {"ok": 1}
-    assert judge.stats.input_tokens == 120 and judge.stats.output_tokens == 1
+    assert judge.stats.snapshot()["answers"] == {"logprobs": 4}
+    assert judge.stats.input_tokens == 600 and judge.stats.output_tokens == 30
 
 
-async def test_without_logprobs_the_answer_text_falls_back_to_point_nine(fake):
-    texts = ["Yes.", "no", "Perhaps"]
-    server = await fake(lambda body, n: completion(None, content=texts[n]))
+async def test_the_optional_input_reaches_the_judge(fake):
+    """Spec edge (h): `input` is an optional field of the request; the judge must see it."""
+    server = await fake(answering(refund_answers))
     judge = judge_for(server)
+    scorer = TrajectoryStepsScorer(JudgeRunner(judge=judge))
     try:
-        assert await judge.ask(one_question()) == [0.9]
-        judge.cache = type(judge.cache)()
-        assert await judge.ask(one_question()) == [0.1]
-        judge.cache = type(judge.cache)()
-        with pytest.raises(JudgeMalformed):
-            await judge.ask(one_question())
+        result = await scorer.score(scoring_input("t", input="Refund order 4471 and notify the customer."))
     finally:
         await judge.aclose()
+    assert result.score is not None
+    assert "Refund order 4471 and notify the customer." in server.requests[0]["messages"][-1]["content"]
 
 
-async def test_trajectory_steps_end_to_end_and_the_cache(fake):
-    server = await fake(by_statement)
+async def test_grammar_constrains_the_answer_lines_when_enabled(fake):
+    server = await fake(answering(refund_answers))
+    judge = judge_for(server, answer_grammar=True)
+    try:
+        await judge.ask(refund_batch())
+    finally:
+        await judge.aclose()
+    grammar = server.requests[0]["grammar"]
+    assert grammar.startswith('root ::= "E1. look up order: " yn "\\n" "E2. issue refund: " yn')
+    assert grammar.rstrip().endswith('yn ::= "yes" | "no"')
+
+
+async def test_without_logprobs_answers_are_marked_and_counted_not_made_up(fake):
+    """Spec edge (c): no logprobs means no probability; the result and the stats say so."""
+    server = await fake(answering(refund_answers, logprobs=False))
+    judge = judge_for(server)
+    scorer = TrajectoryStepsScorer(JudgeRunner(judge=judge))
+    try:
+        result = await scorer.score(scoring_input("t"))
+    finally:
+        await judge.aclose()
+    rows = result.metadata["details"]
+    assert [row["probability"] for row in rows] == [1.0, 1.0, 0.0]  # the text's verdicts, not 0.9/0.1
+    assert {row["probability_source"] for row in rows} == {"answer_text"}
+    assert result.metadata["p_order_source"] == "answer_text"
+    assert result.metadata["answers_without_logprobs"] == 4
+    assert "4 answer(s) without logprobs" in result.explanation
+    assert judge.stats.snapshot()["answers"] == {"answer_text": 4}
+
+
+async def test_require_logprobs_makes_an_answer_without_them_not_scored(fake):
+    server = await fake(answering(refund_answers, logprobs=False))
+    judge = judge_for(server, require_logprobs=True)
+    runner = JudgeRunner(judge=judge)
+    try:
+        result = await TrajectoryStepsScorer(runner).score(scoring_input("t"))
+    finally:
+        await judge.aclose()
+    assert result.score is None and "require_logprobs" in result.not_scored
+    assert result.metadata["judge_outcome"] == "judge_error"
+    assert judge.stats.requests == {"malformed": 1}
+
+
+async def test_trajectory_steps_end_to_end_and_the_batched_cache(fake):
+    server = await fake(answering(refund_answers))
     judge = judge_for(server, price_input_per_1k=0.01, price_output_per_1k=0.03)
     scorer = TrajectoryStepsScorer(JudgeRunner(judge=judge))
-    from stepwatch.evaluator.model import Partition
-    from stepwatch.evaluator.scorers.base import ScoringInput
-    from stepwatch.evaluator.trajectory import Trajectory
-
-    inp = ScoringInput(
-        Partition(type="trace", id="t", spans=[]), [], Trajectory(), None, None, extras=dict(REFUND)
-    )
     try:
-        first = await scorer.score(inp)
-        assert len(server.requests) == 4  # 3 steps + order, one request each
-        again = await scorer.score(inp)  # a re-scored revision asks the same questions
+        first = await scorer.score(scoring_input("t"))
+        again = await scorer.score(scoring_input("t"))  # a re-scored revision sends the same request
     finally:
         await judge.aclose()
-    assert len(server.requests) == 4
-    assert judge.stats.requests["cached"] == 4 and judge.stats.requests["ok"] == 4
+    assert len(server.requests) == 1
+    assert judge.stats.requests["cached"] == 1 and judge.stats.requests["ok"] == 1
     assert (
         first.score == again.score == pytest.approx((0.96 + 0.96 + 0.04) / 3 * (0.7 + 0.3 * 0.96), abs=1e-3)
     )
     assert first.metadata["missing_steps"] == ["notify customer"] and first.metadata["judge"] == "openai"
-    assert judge.stats.cost_usd == pytest.approx(4 * (0.12 * 0.01 + 0.001 * 0.03))
+    assert first.metadata["judge_prompt"] == prompt_file().version
+    assert judge.stats.cost_usd == pytest.approx(0.6 * 0.01 + 0.03 * 0.03)
 
 
 async def test_429_honours_retry_after(fake):
+    ok = answering(lambda line: 0.8)
+
     def respond(body: dict, n: int) -> Any:
         if n == 0:
             return web.json_response(
                 {"error": {"message": "slow down"}}, status=429, headers={"Retry-After": "1"}
             )
-        return completion([("Yes", 0.8), ("No", 0.2)])
+        return ok(body, n)
 
     server = await fake(respond)
     judge = judge_for(server)
     try:
-        assert await judge.ask(one_question()) == [pytest.approx(0.8)]
+        answers = await judge.ask(refund_batch())
     finally:
         await judge.aclose()
+    assert answers[0] == Answer(pytest.approx(0.8), "logprobs")
     assert len(server.requests) == 2 and server.times[1] - server.times[0] >= 0.95
     assert judge.stats.requests == {"rate_limited": 1, "ok": 1}
 
@@ -210,28 +189,28 @@ async def test_a_retry_after_too_long_fails_fast(fake):
     judge = judge_for(server)
     try:
         with pytest.raises(JudgeError) as caught:
-            await judge.ask(one_question())
+            await judge.ask(refund_batch())
     finally:
         await judge.aclose()
     assert caught.value.outcome == "rate_limited" and len(server.requests) == 1
 
 
 async def test_5xx_is_retried_with_backoff_then_gives_up(fake):
-    flaky = await fake(
-        lambda b, n: web.Response(status=503) if n < 2 else completion([("Yes", 0.3), ("No", 0.7)])
-    )
+    ok = answering(lambda line: 0.3)
+    flaky = await fake(lambda b, n: web.Response(status=503) if n < 2 else ok(b, n))
     judge = judge_for(flaky)
     try:
-        assert await judge.ask(one_question()) == [pytest.approx(0.3)]
+        answers = await judge.ask(refund_batch())
     finally:
         await judge.aclose()
+    assert answers[0].p == pytest.approx(0.3)
     assert len(flaky.requests) == 3 and judge.stats.requests == {"error": 2, "ok": 1}
 
     down = await fake(lambda b, n: web.Response(status=500, text="boom"))
     judge = judge_for(down, max_retries=2)
     try:
         with pytest.raises(JudgeUnavailable):
-            await judge.ask(one_question())
+            await judge.ask(refund_batch())
     finally:
         await judge.aclose()
     assert len(down.requests) == 3
@@ -242,7 +221,7 @@ async def test_client_errors_are_not_retried(fake):
     judge = judge_for(server)
     try:
         with pytest.raises(JudgeError, match="HTTP 401"):
-            await judge.ask(one_question())
+            await judge.ask(refund_batch())
     finally:
         await judge.aclose()
     assert len(server.requests) == 1
@@ -251,113 +230,159 @@ async def test_client_errors_are_not_retried(fake):
 async def test_timeouts_are_retried_then_reported(fake):
     async def slow(body: dict, n: int) -> dict:
         await asyncio.sleep(2)
-        return completion([("Yes", 0.5), ("No", 0.5)])
+        return answering(lambda line: 0.5)(body, n)
 
     server = await fake(slow)
     judge = judge_for(server, timeout_s=0.2, max_retries=1)
     started = time.monotonic()
     try:
         with pytest.raises(JudgeTimeout):
-            await judge.ask(one_question())
+            await judge.ask(refund_batch())
     finally:
         await judge.aclose()
     assert time.monotonic() - started < 1.5
     assert judge.stats.requests == {"timeout": 2}
 
 
+def _missing_order_line(body: dict, n: int) -> dict:
+    lines = form_lines(body)[:-1]
+    return completion_for(lines, [0.9] * len(lines))
+
+
 @pytest.mark.parametrize(
-    "raw",
+    "respond",
     [
-        "this is not json",
-        json.dumps({"choices": []}),
-        json.dumps({"choices": [{"message": {"content": "42"}}]}),
+        lambda b, n: web.Response(text="this is not json", content_type="application/json"),
+        lambda b, n: {"choices": []},
+        lambda b, n: raw_completion({"message": {"content": "42"}}),
+        lambda b, n: raw_completion({"message": {"content": "E1. look up order: maybe\norder: yes"}}),
+        _missing_order_line,
     ],
+    ids=["not-json", "no-choices", "no-answer-lines", "neither-yes-nor-no", "a-line-missing"],
 )
-async def test_malformed_answers_are_errors(fake, raw):
-    server = await fake(lambda b, n: web.Response(text=raw, content_type="application/json"))
+async def test_malformed_answers_are_errors_and_not_retried(fake, respond):
+    server = await fake(respond)
     judge = judge_for(server)
     try:
         with pytest.raises(JudgeMalformed):
-            await judge.ask(one_question())
+            await judge.ask(refund_batch())
     finally:
         await judge.aclose()
-    assert len(server.requests) == 1 and judge.stats.requests == {"error": 1}
+    assert len(server.requests) == 1
+    assert set(judge.stats.requests) <= {"error", "malformed"} and sum(judge.stats.requests.values()) == 1
 
 
-async def test_daily_request_budget_yields_not_scored_and_resets_next_day(fake):
-    server = await fake(by_statement)
+async def test_daily_request_budget_counts_batched_requests_and_resets_next_day(fake):
+    server = await fake(answering(refund_answers))
     now = [1_700_000_000.0]
     judge = judge_for(server)
-    runner = JudgeRunner(judge=judge, governor=JudgeGovernor(JudgeBudget(requests=6), clock=lambda: now[0]))
+    runner = JudgeRunner(judge=judge, governor=JudgeGovernor(JudgeBudget(requests=2), clock=lambda: now[0]))
     scorer = TrajectoryStepsScorer(runner)
-    from stepwatch.evaluator.model import Partition
-    from stepwatch.evaluator.scorers.base import ScoringInput
-    from stepwatch.evaluator.trajectory import Trajectory
-
-    def inp(pid: str, steps: list[str]) -> ScoringInput:
-        extras = dict(REFUND, trajectory=steps)
-        return ScoringInput(
-            Partition(type="trace", id=pid, spans=[]), [], Trajectory(), None, None, extras=extras
-        )
-
     try:
-        ok = await scorer.score(inp("a", ["look up order 1"]))
-        assert ok.score is not None and len(server.requests) == 4
-        spent = await scorer.score(inp("b", ["look up order 2"]))  # needs 4, 2 left
-        assert spent.score is None and "daily budget of 6 judge requests" in spent.not_scored
-        assert spent.outcome == "not_scored"
-        refused = await scorer.score(inp("c", ["look up order 3"]))  # refused before any request
-        assert refused.not_scored
-        await asyncio.sleep(0.3)  # requests cancelled in flight when the batch failed may still land
-        sent = len(server.requests)
-        assert 4 <= sent <= 6  # never more than the day's budget
+        for pid in ("a", "b"):  # one request each, whatever K
+            assert (
+                await scorer.score(scoring_input(pid, trajectory=[f"look up order {pid}"]))
+            ).score is not None
+        spent = await scorer.score(scoring_input("c", trajectory=["look up order c"]))
+        assert spent.score is None and "daily budget of 2 judge requests" in spent.not_scored
+        assert spent.outcome == "not_scored" and spent.metadata["judge_outcome"] == "over_budget"
+        assert len(server.requests) == 2
         now[0] += 86_400
-        assert (await scorer.score(inp("d", ["look up order 4"]))).score is not None
+        assert (await scorer.score(scoring_input("d", trajectory=["look up order d"]))).score is not None
     finally:
         await judge.aclose()
-    assert len(server.requests) == sent + 4
-    assert runner.governor.counters["over_budget"] == 2
+    assert len(server.requests) == 3
+    assert runner.governor.counters["over_budget"] == 1
 
 
 async def test_usd_budget_and_requests_per_minute(fake):
-    server = await fake(by_statement)
+    server = await fake(answering(refund_answers, usage=(120, 1)))
     judge = judge_for(server, price_input_per_1k=1.0, requests_per_minute=2, max_rpm_wait_s=0)
     try:
         runner = JudgeRunner(judge=judge, governor=JudgeGovernor(JudgeBudget(usd=0.2)))
-        first = await runner.ask("m", one_question(), task_key=None, partition_id="x", settings=None)
-        assert first == [pytest.approx(0.96)]  # 120 tokens at $1/1k = $0.12
-        batch = JudgeBatch(state=dict(REFUND, trajectory=["other"]), questions=one_question().questions)
-        second = await runner.ask("m", batch, task_key=None, partition_id="y", settings=None)
-        assert second == [pytest.approx(0.96)]  # $0.24 spent now
-        third = await runner.ask(
+        first = await runner.ask("m", refund_batch(), task_key=None, partition_id="x", settings=None)
+        assert isinstance(first, list) and first[0].p == pytest.approx(0.96)  # $0.12
+        second = await runner.ask(
             "m",
-            JudgeBatch(state=dict(REFUND, trajectory=["z"]), questions=batch.questions),
+            refund_batch(dict(REFUND, trajectory=["other"])),
             task_key=None,
-            partition_id="z",
+            partition_id="y",
             settings=None,
         )
+        assert isinstance(second, list)  # $0.24 spent now
+        third = await runner.ask(
+            "m", refund_batch(dict(REFUND, trajectory=["z"])), task_key=None, partition_id="z", settings=None
+        )
+        assert not isinstance(third, list)
         assert "daily budget of $0.2 spent" in third.not_scored and len(server.requests) == 2
         with pytest.raises(JudgeOverBudget, match="requests_per_minute"):
-            await judge.ask(JudgeBatch(state=dict(REFUND, trajectory=["w"]), questions=batch.questions))
+            await judge.ask(refund_batch(dict(REFUND, trajectory=["w"])))
         assert len(server.requests) == 2
     finally:
         await judge.aclose()
+
+
+async def test_concurrency_limit_holds_across_batched_requests(fake):
+    """plan_adherence sends one request per plan step: max_concurrency bounds them in flight."""
+    in_flight = [0, 0]
+    ok = answering(lambda line: 0.9)
+
+    async def respond(body: dict, n: int) -> dict:
+        in_flight[0] += 1
+        in_flight[1] = max(in_flight)
+        await asyncio.sleep(0.05)
+        in_flight[0] -= 1
+        return ok(body, n)
+
+    server = await fake(respond)
+    judge = judge_for(server, max_concurrency=2)
+    from stepwatch.evaluator.scorers.plan_adherence import plan_questions
+
+    steps = ['search_web {"query": "Tokyo"}', "final answer: done"]
+    plan = ["research", "check flights", "look up weather", "suggest activities", "book hotel"]
+    batch = JudgeBatch(state={"trajectory": steps, "plan_steps": plan}, questions=plan_questions(plan, steps))
+    try:
+        answers = await judge.ask(batch)
+    finally:
+        await judge.aclose()
+    assert len(server.requests) == 5 and in_flight[1] == 2 and len(answers) == 5 * 3
 
 
 async def test_a_judge_that_is_down_yields_not_scored(fake):
     server = await fake(lambda b, n: web.Response(status=502))
     judge = judge_for(server, max_retries=1)
     scorer = TrajectoryStepsScorer(JudgeRunner(judge=judge))
-    from stepwatch.evaluator.model import Partition
-    from stepwatch.evaluator.scorers.base import ScoringInput
-    from stepwatch.evaluator.trajectory import Trajectory
-
-    inp = ScoringInput(
-        Partition(type="trace", id="t", spans=[]), [], Trajectory(), None, None, extras=dict(REFUND)
-    )
     try:
-        result = await scorer.score(inp)
+        result = await scorer.score(scoring_input("t"))
     finally:
         await judge.aclose()
     assert result.score is None and result.error is None
     assert result.not_scored.startswith("judge openai: HTTP 502")
+    assert result.metadata["judge_outcome"] == "judge_error"
+
+
+def test_fake_completion_round_trips_through_the_reader():
+    """The helper's wire shape is what answers.py reads (a broken helper would hide real bugs)."""
+    from stepwatch.evaluator.judge.answers import read_answers
+
+    body = raw_completion({})
+    choice = completion_for(["E1. a", "order"], [0.25, 0.75])["choices"][0]
+    assert [a.p for a in read_answers(choice, ["E1", "order"])] == [pytest.approx(0.25), pytest.approx(0.75)]
+    assert json.loads(json.dumps(body))["object"] == "chat.completion"
+
+
+def test_an_answer_is_read_after_the_exact_restatement_not_a_colon_inside_the_step():
+    """`E1. note: no refund: yes`: the step's own "note: no" is not its answer."""
+    from stepwatch.evaluator.judge.answers import read_answers
+
+    line = "E1. note: no refund"
+    choice = completion_for(["E1. note", "order"], [0.1, 0.8])["choices"][0]  # tokens for "E1. note:" " no"
+    content = choice["logprobs"]["content"]
+    restated = [
+        {**content[1], "token": " refund:"},
+        *completion_for([line], [0.9])["choices"][0]["logprobs"]["content"][1:],
+    ]
+    choice["logprobs"]["content"] = [content[0], content[1], *restated, *content[2:]]
+    choice["message"]["content"] = f"{line}: yes\norder: yes"
+    [first, order] = read_answers(choice, ["E1", "order"], lines=[line, "order"])
+    assert first.p == pytest.approx(0.9) and order.p == pytest.approx(0.8)

@@ -4,7 +4,6 @@ inline request fields, and against a fake OpenAI-compatible server."""
 from __future__ import annotations
 
 import json
-import math
 import socket
 import threading
 from collections.abc import Iterator
@@ -12,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
+from fake_openai import completion_for, form_lines
 
 from stepwatch.cli import main
 
@@ -65,7 +65,7 @@ def test_dataset_with_inline_fields_and_the_local_judge(tmp_path, tokyo_trace, c
         ]
     )
     got = records(capsys.readouterr().out)
-    assert got["refund"]["trajectory_steps"]["label"] == "65% yes"
+    assert got["refund"]["trajectory_steps"]["label"] == "64% yes"  # 0.648, shown truncated
     assert got["refund"]["plan_adherence"]["error"] == "the trace is not a non-empty list of spans"
     assert code == 1  # that requested-but-impossible plan_adherence is an error row
     assert got["tokyo-inline"]["plan_adherence"]["score"] == 25
@@ -87,22 +87,9 @@ def fake_openai() -> Iterator[tuple[str, list[dict]]]:
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             received.append(body)
-            p_yes = 0.03 if "expected_trajectory[2]" in body["messages"][1]["content"] else 0.97
-            top = [{"token": t, "logprob": math.log(p)} for t, p in (("Yes", p_yes), ("No", 1 - p_yes))]
-            answer = {
-                "id": "x",
-                "object": "chat.completion",
-                "model": body["model"],
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": "Yes"},
-                        "finish_reason": "length",
-                        "logprobs": {"content": [{**top[0], "top_logprobs": top}]},
-                    }
-                ],
-                "usage": {"prompt_tokens": 50, "completion_tokens": 1, "total_tokens": 51},
-            }
+            lines = form_lines(body)
+            p_yes = [0.03 if "notify customer" in line else 0.97 for line in lines]
+            answer = completion_for(lines, p_yes, usage=(50, 20))
             raw = json.dumps(answer).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -151,7 +138,9 @@ def test_openai_judge_from_the_cli(tmp_path, tokyo_trace, capsys, fake_openai, m
         ]
     )
     got = records(capsys.readouterr().out)
-    assert code == 0
+    # the Tokyo rows cannot feed trajectory_steps (no expected trajectory): asked for by name, an error
+    assert got["tokyo-inline"]["trajectory_steps"]["error"].startswith("no expected_trajectory")
+    assert code == 1
     result = got["refund"]["trajectory_steps"]
     assert result["score"] == pytest.approx((0.97 + 0.97 + 0.03) / 3 * (0.7 + 0.3 * 0.97), abs=1e-3)
-    assert len(received) == 4 and all(body["model"] == "m" for body in received)
+    assert len(received) == 1 and all(body["model"] == "m" for body in received)  # one per trajectory

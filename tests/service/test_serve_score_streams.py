@@ -26,6 +26,7 @@ from shared_paths import CORPUS
 from waiting import eventually
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "exporters"))
+from fake_openai import completion_for, form_lines
 from kafka_broker import TansuBroker
 from scorestream_helpers import TopicReader
 from serve_helpers import STEPWATCH, Samples, ServeProcess, free_port, scrape, serve_env, start_serve, total
@@ -572,20 +573,11 @@ async def slow_chat_completions(delay: float) -> AsyncIterator[tuple[str, list[f
     seen: list[float] = []
 
     async def complete(request: web.Request) -> web.Response:
-        await request.json()
+        body = await request.json()
         seen.append(time.monotonic())
         await asyncio.sleep(delay)
-        top = [{"token": "Yes", "logprob": -0.05}, {"token": "No", "logprob": -3.0}]
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": "Yes"},
-            "logprobs": {"content": [{"token": "Yes", "logprob": -0.05, "top_logprobs": top}]},
-            "finish_reason": "length",
-        }
-        usage = {"prompt_tokens": 40, "completion_tokens": 1, "total_tokens": 41}
-        return web.json_response(
-            {"id": "x", "object": "chat.completion", "choices": [choice], "usage": usage}
-        )
+        lines = form_lines(body)  # every answer line the batched request asks for: yes, p 0.95
+        return web.json_response(completion_for(lines, [0.95] * len(lines), usage=(40, 12)))
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", complete)
@@ -627,7 +619,9 @@ async def test_a_slow_remote_judge_never_holds_up_receivers_or_other_partitions(
     (steps,) = [r for r in event.results if r.metric == "trajectory_steps"]
     assert steps.score is not None and steps.score > 0.9 and steps.passed
     assert {r.metric for r in event.results} >= {"trajectory.step_count", "trajectory_steps"}  # one event
-    assert total(samples, "stepwatch_judge_requests_total", backend="openai", outcome="ok") == 3
-    assert total(samples, "stepwatch_judge_tokens_total", backend="openai", direction="input") == 120
-    assert total(samples, "stepwatch_judge_cost_usd_total", backend="openai") == pytest.approx(0.12)
+    # one request for the trajectory's two step questions and its order question
+    assert total(samples, "stepwatch_judge_requests_total", backend="openai", outcome="ok") == 1
+    assert total(samples, "stepwatch_judge_answers_total", backend="openai", source="logprobs") == 3
+    assert total(samples, "stepwatch_judge_tokens_total", backend="openai", direction="input") == 40
+    assert total(samples, "stepwatch_judge_cost_usd_total", backend="openai") == pytest.approx(0.04)
     assert total(samples, "stepwatch_evaluations_total", metric="trajectory_steps", outcome="pass") == 1

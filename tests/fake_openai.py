@@ -1,0 +1,133 @@
+"""A fake Chat Completions server (real wire format) for the failure modes a real model server
+cannot be made to show on demand: 429, 5xx, timeouts, no logprobs, malformed answers.
+
+`answer_lines(body, decide)` fills in the answer lines a request asks for, the way a model does,
+with one token per answer whose top_logprobs carry `decide(line)` as P(yes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+FORM_LINE = re.compile(r"^(?P<line>(?:E\d+|S\d+)\. .*|order|full): yes or no$")
+
+
+def form_lines(body: dict) -> list[str]:
+    """The answer lines the request's last user message asks to be filled in."""
+    last = body["messages"][-1]["content"]
+    return [m["line"] for text in last.splitlines() if (m := FORM_LINE.match(text))]
+
+
+def _entry(token: str, p: float, top: list[tuple[str, float]] | None = None) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "token": token,
+        "logprob": math.log(max(p, 1e-12)),
+        "bytes": list(token.encode()),
+    }
+    entry["top_logprobs"] = [
+        {"token": t, "logprob": math.log(max(q, 1e-12)), "bytes": list(t.encode())}
+        for t, q in (top or [(token, p)])
+    ]
+    return entry
+
+
+def completion_for(
+    lines: list[str],
+    p_yes: list[float],
+    *,
+    logprobs: bool = True,
+    usage: tuple[int, int] = (600, 30),
+) -> dict[str, Any]:
+    """A completion answering each line with yes when p >= 0.5, logprobs as a model gives them."""
+    text_lines: list[str] = []
+    tokens: list[dict[str, Any]] = []
+    for n, (line, p) in enumerate(zip(lines, p_yes, strict=True)):
+        word = "yes" if p >= 0.5 else "no"
+        if n:
+            tokens.append(_entry("\n", 1.0))
+        tokens.append(_entry(f"{line}:", 1.0))
+        tokens.append(_entry(f" {word}", max(p, 1 - p), [(" yes", p), (" no", 1 - p)]))
+        text_lines.append(f"{line}: {word}")
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": {"role": "assistant", "content": "\n".join(text_lines)},
+        "finish_reason": "stop",
+        "logprobs": {"content": tokens, "refusal": None} if logprobs else None,
+    }
+    return raw_completion(choice, usage)
+
+
+def raw_completion(choice: dict[str, Any], usage: tuple[int, int] = (600, 30)) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "created": 1_700_000_000,
+        "model": "judge-model",
+        "choices": [choice],
+        "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)},
+    }
+
+
+def answering(decide: Callable[[str], float], **kwargs: Any) -> Callable[[dict, int], dict[str, Any]]:
+    """A responder: every line the request asks for gets P(yes) = decide(line)."""
+
+    def respond(body: dict, n: int) -> dict[str, Any]:
+        lines = form_lines(body)
+        return completion_for(lines, [decide(line) for line in lines], **kwargs)
+
+    return respond
+
+
+@dataclass
+class FakeServer:
+    """Records every request; `respond(body, n)` decides each answer (n = request number, from 0)."""
+
+    respond: Callable[[dict, int], Any]
+    requests: list[dict] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    headers: list[dict] = field(default_factory=list)
+    url: str = ""
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        n = len(self.requests)
+        self.requests.append(body)
+        self.times.append(time.monotonic())
+        self.headers.append(dict(request.headers))
+        answer = self.respond(body, n)
+        if asyncio.iscoroutine(answer):
+            answer = await answer
+        if isinstance(answer, web.StreamResponse):
+            return answer
+        return web.json_response(answer)
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[Callable[[Callable[[dict, int], Any]], Any]]:
+    runners: list[web.AppRunner] = []
+
+    async def start(respond: Callable[[dict, int], Any]) -> FakeServer:
+        server = FakeServer(respond)
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", server.handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        host, port = runner.addresses[0][:2]
+        server.url = f"http://{host}:{port}/v1"
+        return server
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
