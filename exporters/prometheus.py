@@ -25,6 +25,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from stepwatch.evaluator.accounting import SpanAccounting
+from stepwatch.listen_errors import bind_error
 
 from .base import PartitionScores
 from .score_families import FAMILIES, RATIO, exposed_value, family_of
@@ -400,12 +401,7 @@ class MetricsServer:
         try:
             await site.start()
         except OSError as exc:
-            reason = (exc.strerror or str(exc)).rsplit(": ", 1)[
-                -1
-            ]  # asyncio: "error while ... on (addr): why"
-            raise OSError(
-                exc.errno, f"metrics endpoint cannot bind {self._host}:{self._port}: {reason}"
-            ) from exc
+            raise bind_error(exc, "metrics endpoint", self._host, self._port) from exc
         server = site._server
         sockets = getattr(server, "sockets", None) or []
         if sockets:

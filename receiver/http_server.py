@@ -28,6 +28,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from stepwatch.evaluator.accounting import SpanAccounting
+from stepwatch.listen_errors import bind_error
 
 from .decoded import INVALID_SPAN, INVALID_TIMESTAMP
 from .ingest import SpanSink
@@ -190,12 +191,7 @@ class OtlpHttpReceiver:
         try:
             await site.start()
         except OSError as exc:
-            reason = (exc.strerror or str(exc)).rsplit(": ", 1)[
-                -1
-            ]  # asyncio: "error while ... on (addr): why"
-            raise OSError(
-                exc.errno, f"OTLP/HTTP receiver cannot bind {self._host}:{self._port}: {reason}"
-            ) from exc
+            raise bind_error(exc, "OTLP/HTTP receiver", self._host, self._port) from exc
         sockets = getattr(site._server, "sockets", None) or []
         if sockets:
             self.port = sockets[0].getsockname()[1]

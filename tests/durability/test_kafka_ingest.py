@@ -80,6 +80,25 @@ async def _produce(bootstrap: str, topic: str, messages: list[tuple[bytes, bytes
         await producer.stop()
 
 
+def _service_environ(broker: TansuBroker, topic: str, group: str, **kafka: str) -> dict[str, str]:
+    """A Service that only consumes `topic` (no OTLP listeners), from the earliest offset."""
+    settings = {
+        "ENABLED": "true",
+        "BOOTSTRAP_SERVERS": broker.bootstrap,
+        "TOPIC": topic,
+        "GROUP_ID": group,
+        "INITIAL_OFFSET": "earliest",
+        "COMMIT_INTERVAL_MS": "50",
+        **kafka,
+    }
+    return {
+        "STEPWATCH_RECEIVERS__GRPC__ENABLED": "false",
+        "STEPWATCH_RECEIVERS__HTTP__ENABLED": "false",
+        "STEPWATCH_EXPORTERS__PROMETHEUS__ENDPOINT": "127.0.0.1:0",
+        **{f"STEPWATCH_RECEIVERS__KAFKA__{key}": value for key, value in settings.items()},
+    }
+
+
 def _config(broker: TansuBroker, topic: str, group: str, **overrides: object) -> KafkaIngestConfig:
     values: dict[str, object] = {
         "bootstrap_servers": broker.bootstrap,
@@ -120,20 +139,14 @@ async def test_service_consumes_collector_encodings_and_skips_a_bad_message(
         value = request.SerializeToString() if encoding == "otlp_proto" else to_otlp_json(request)
         messages.append((trace_id, value))
     await _produce(broker.bootstrap, topic, messages)
-    environ = {
-        "STEPWATCH_RECEIVERS__GRPC__ENABLED": "false",
-        "STEPWATCH_RECEIVERS__HTTP__ENABLED": "false",
-        "STEPWATCH_EXPORTERS__PROMETHEUS__ENDPOINT": "127.0.0.1:0",
-        "STEPWATCH_RECEIVERS__KAFKA__ENABLED": "true",
-        "STEPWATCH_RECEIVERS__KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap,
-        "STEPWATCH_RECEIVERS__KAFKA__TOPIC": topic,
-        "STEPWATCH_RECEIVERS__KAFKA__GROUP_ID": group,
-        "STEPWATCH_RECEIVERS__KAFKA__ENCODING": encoding,
-        "STEPWATCH_RECEIVERS__KAFKA__INITIAL_OFFSET": "earliest",
-        "STEPWATCH_RECEIVERS__KAFKA__COMMIT_INTERVAL_MS": "50",
-        "STEPWATCH_RECEIVERS__KAFKA__SESSION_TIMEOUT_MS": "6000",
-        "STEPWATCH_RECEIVERS__KAFKA__HEARTBEAT_INTERVAL_MS": "500",
-    }
+    environ = _service_environ(
+        broker,
+        topic,
+        group,
+        ENCODING=encoding,
+        SESSION_TIMEOUT_MS="6000",
+        HEARTBEAT_INTERVAL_MS="500",
+    )
     # a manual clock never advanced: no trace closes, so every trace still holds its offset
     service = Service(load_config(None, environ=environ), clock=ManualClock())
     caplog.set_level(logging.WARNING)
@@ -384,17 +397,7 @@ async def test_a_message_delivered_again_after_its_trace_was_scored_is_a_duplica
         span.parent_span_id = b"\x07" * 8  # no root yet: stays open (rootless timeout) and holds offset 0
     scored = trace_request([scored_id], spans_per_trace=4).SerializeToString()
     await _produce(broker.bootstrap, topic, [(open_id, rootless.SerializeToString()), (scored_id, scored)])
-    environ = {
-        "STEPWATCH_RECEIVERS__GRPC__ENABLED": "false",
-        "STEPWATCH_RECEIVERS__HTTP__ENABLED": "false",
-        "STEPWATCH_EXPORTERS__PROMETHEUS__ENDPOINT": "127.0.0.1:0",
-        "STEPWATCH_RECEIVERS__KAFKA__ENABLED": "true",
-        "STEPWATCH_RECEIVERS__KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap,
-        "STEPWATCH_RECEIVERS__KAFKA__TOPIC": topic,
-        "STEPWATCH_RECEIVERS__KAFKA__GROUP_ID": group,
-        "STEPWATCH_RECEIVERS__KAFKA__INITIAL_OFFSET": "earliest",
-        "STEPWATCH_RECEIVERS__KAFKA__COMMIT_INTERVAL_MS": "50",
-    }
+    environ = _service_environ(broker, topic, group)
     clock = ManualClock()
     recorder = _Events()
     service = Service(load_config(None, environ=environ), clock=clock, exporters=[recorder])
