@@ -165,6 +165,7 @@ class PartitionBuffer:
         self._lock = threading.Lock()
         self._traces: OrderedDict[bytes, _OpenTrace] = OrderedDict()  # least recently active first
         self._traces_by_age: dict[bytes, _OpenTrace] = {}  # oldest first
+        self._paused: set[bytes] = set()  # open traces whose source is paused: they do not close
         self._sessions: OrderedDict[str, _Part] = OrderedDict()
         self._sessions_by_age: dict[str, _Part] = {}
         self._closed_traces: dict[bytes, _Part] = {}  # trace id -> its (pending/closed/session) part
@@ -306,16 +307,20 @@ class PartitionBuffer:
             due: list[tuple[_OpenTrace, str]] = []
             idle_cutoff = now - limits.trace_idle_timeout
             rootless_cutoff = now - limits.rootless_trace_idle_timeout
+            paused = self._paused
             for trace in self._traces.values():
                 if trace.last > idle_cutoff:
                     break
+                if trace.trace_id in paused:
+                    continue
                 if trace.root_ended or trace.last <= rootless_cutoff:
                     due.append((trace, "idle"))
             age_cutoff = now - limits.max_trace_age
             for trace in self._traces_by_age.values():
                 if trace.first > age_cutoff:
                     break
-                due.append((trace, "max_age"))
+                if trace.trace_id not in paused:
+                    due.append((trace, "max_age"))
             for trace, reason in due:
                 if self._traces.get(trace.trace_id) is trace:
                     out.append(self._pop_trace(trace, reason, now))
@@ -352,6 +357,7 @@ class PartitionBuffer:
     def _pop_trace(self, trace: _OpenTrace, reason: str, now: float) -> ClosedPartition:
         del self._traces[trace.trace_id]
         del self._traces_by_age[trace.trace_id]
+        self._paused.discard(trace.trace_id)
         part = _Part("trace", trace.trace_id.hex(), trace.records, trace.first, trace.last)
         part.trace_ids.append(trace.trace_id)
         part.limited = reason == "limit"
@@ -558,6 +564,29 @@ class PartitionBuffer:
             part = self._closed_traces.get(trace_id)
             return part is not None and (part.state != "closed" or part.revision_due is not None)
 
+    def pause_traces(self, trace_ids: set[bytes]) -> int:
+        """Keep these open traces from closing until `resume_traces`; returns how many are open.
+
+        For a Kafka partition being rebalanced: its consumer reads nothing meanwhile, so the rest
+        of a trace may sit unread in the topic while its idle timer runs; closing it then would
+        score a partial trace and revise it once the rest arrives.
+        """
+        with self._lock:
+            opened = {trace_id for trace_id in trace_ids if trace_id in self._traces}
+            self._paused |= opened
+        return len(opened)
+
+    def resume_traces(self, trace_ids: set[bytes]) -> None:
+        """Let paused traces close again, their idle timers restarted: the pause was not idleness."""
+        with self._lock:
+            now = self._now()
+            for trace_id in trace_ids & self._paused:
+                self._paused.discard(trace_id)
+                trace = self._traces.get(trace_id)
+                if trace is not None:
+                    trace.last = now
+                    self._traces.move_to_end(trace_id)
+
     def discard_traces(self, trace_ids: set[bytes]) -> int:
         """Forget these open traces without scoring them; returns their span count.
 
@@ -567,6 +596,7 @@ class PartitionBuffer:
         dropped = 0
         with self._lock:
             for trace_id in trace_ids:
+                self._paused.discard(trace_id)
                 trace = self._traces.pop(trace_id, None)
                 if trace is None:
                     continue

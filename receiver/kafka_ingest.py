@@ -129,6 +129,11 @@ LostHandler = Callable[[set[TopicPartition], set[Hashable]], Awaitable[None]]
 """Called with topic-partitions this replica no longer owns and the keys they fed: drop those
 buffers without scoring them; the new owner re-reads them from the committed watermark."""
 
+PauseHandler = Callable[[set[Hashable]], None]
+"""Called with the keys fed by revoked topic-partitions (`paused`) and, once those come back, with
+the same keys again (`resumed`): while a rebalance runs nothing is read, so the rest of a trace may
+sit unread in the topic; its buffer must not close on an idle timer meanwhile."""
+
 
 class KafkaIngest:
     """Consumer-group receiver with watermark commits and clean partition hand-over."""
@@ -141,10 +146,15 @@ class KafkaIngest:
         *,
         registry: CollectorRegistry | None = None,
         retry_on: tuple[type[BaseException], ...] = (),
+        on_paused: PauseHandler | None = None,
+        on_resumed: PauseHandler | None = None,
     ) -> None:
         self.config = config
         self._sink = sink
         self._on_lost = on_lost
+        self._on_paused = on_paused
+        self._on_resumed = on_resumed
+        self._paused: set[Hashable] = set()
         self._retry_on = retry_on
         self._offsets = OffsetTracker()
         self._owned: set[TopicPartition] = set()
@@ -255,6 +265,7 @@ class KafkaIngest:
         if not tps:
             return
         keys = self._offsets.drop(tps)
+        self._paused -= keys
         self._owned -= tps
         for tp in tps:
             with contextlib.suppress(KeyError):
@@ -271,6 +282,10 @@ class KafkaIngest:
             return
         async with self._lock:
             await self._commit(consumer, revoked & self._owned)
+            paused = self._offsets.keys_of(revoked & self._owned) - self._paused
+            if paused and self._on_paused is not None:
+                self._on_paused(paused)
+            self._paused |= paused
 
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
         consumer = self._consumer
@@ -283,6 +298,9 @@ class KafkaIngest:
                 if next_offset is not None:
                     consumer.seek(tp, next_offset)  # continue where we were: our buffers hold the rest
             self._owned = set(assigned)
+            resumed, self._paused = self._paused, set()
+            if resumed and self._on_resumed is not None:
+                self._on_resumed(resumed)
         log.info("kafka ingest: assigned %s", sorted((tp.topic, tp.partition) for tp in assigned))
 
 

@@ -126,6 +126,11 @@ class OffsetTracker:
             if position is not None:
                 position.committed = offset
 
+    def keys_of(self, tps: Iterable[TopicPartition]) -> set[Hashable]:
+        """The keys still held that these topic-partitions fed."""
+        wanted = set(tps)
+        return {key for key, fed in self._keys.items() if not wanted.isdisjoint(fed)}
+
     def drop(self, tps: Iterable[TopicPartition]) -> set[Hashable]:
         """Forget topic-partitions handed to another consumer; returns the keys they fed.
 
@@ -135,7 +140,7 @@ class OffsetTracker:
         gone = set(tps)
         for tp in gone:
             self._positions.pop(tp, None)
-        keys = {key for key, fed in self._keys.items() if not gone.isdisjoint(fed)}
+        keys = self.keys_of(gone)
         for key in keys:
             self.release(key)
         return keys

@@ -215,6 +215,8 @@ class Service:
                 self._kafka_partitions_lost,
                 registry=self.prometheus.registry,
                 retry_on=(_Backpressure,),
+                on_paused=self._kafka_partitions_paused,
+                on_resumed=self._kafka_partitions_resumed,
             )
         if self.wal is not None or self.kafka_ingest is not None:
             tracker = DeliveryTracker(len(sinks), self._delivered)
@@ -427,6 +429,14 @@ class Service:
         if result.retry_after is not None or result.unavailable:
             raise _Backpressure()
         return set(result.keys)  # rejected spans are never scored: holding their offset would stall commits
+
+    def _kafka_partitions_paused(self, keys: set[object]) -> None:
+        """A rebalance began: traces fed by the revoked partitions wait for its outcome."""
+        paused = self.buffer.pause_traces({key for key in keys if isinstance(key, bytes)})
+        log.info("kafka: rebalancing, %d open trace(s) held open until partitions are assigned", paused)
+
+    def _kafka_partitions_resumed(self, keys: set[object]) -> None:
+        self.buffer.resume_traces({key for key in keys if isinstance(key, bytes)})
 
     async def _kafka_partitions_lost(self, tps: set[TopicPartition], keys: set[object]) -> None:
         """Another replica owns these Kafka partitions now: forget their unscored traces."""

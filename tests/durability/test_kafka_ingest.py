@@ -44,6 +44,8 @@ class RecordingSink:
         self.messages: list[IngestedMessage] = []
         self.traces: dict[str, int] = {}
         self.lost: list[tuple[set[TopicPartition], set[Hashable]]] = []
+        self.paused: set[Hashable] = set()
+        self.resumed: set[Hashable] = set()
 
     async def __call__(self, message: IngestedMessage) -> Iterable[Hashable]:
         self.messages.append(message)
@@ -58,6 +60,15 @@ class RecordingSink:
 
     async def on_lost(self, tps: set[TopicPartition], keys: set[Hashable]) -> None:
         self.lost.append((tps, keys))
+
+    def on_paused(self, keys: set[Hashable]) -> None:
+        self.paused |= keys
+
+    def on_resumed(self, keys: set[Hashable]) -> None:
+        self.resumed |= keys
+
+    def ingest(self, config: KafkaIngestConfig) -> KafkaIngest:
+        return KafkaIngest(config, self, self.on_lost, on_paused=self.on_paused, on_resumed=self.on_resumed)
 
 
 async def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
@@ -340,7 +351,7 @@ async def test_rebalance_hands_partitions_over_and_the_new_owner_rebuilds(broker
     await _produce(broker.bootstrap, topic, [(t, trace_request([t]).SerializeToString()) for t in trace_ids])
 
     first = RecordingSink()
-    a = KafkaIngest(_config(broker, topic, group), first, first.on_lost)
+    a = first.ingest(_config(broker, topic, group))
     await a.start()
     await eventually(lambda: len(first.messages) == 40, what="A reads all 40")
     emitted = {t.hex() for t in trace_ids[:10]}
@@ -348,11 +359,15 @@ async def test_rebalance_hands_partitions_over_and_the_new_owner_rebuilds(broker
         a.release(key)
 
     second = RecordingSink()
-    b = KafkaIngest(_config(broker, topic, group), second, second.on_lost)
+    b = second.ingest(_config(broker, topic, group))
     await b.start()
     try:
         await eventually(lambda: len(a.owned) + len(b.owned) == 4 and b.owned, timeout=45, what="rebalance")
         lost_keys = set().union(*(keys for _, keys in first.lost))
+        # while the rebalance ran, every unemitted trace of A was held open; those A kept resume
+        unemitted = {t.hex() for t in trace_ids} - emitted
+        assert first.paused == unemitted
+        assert first.resumed == unemitted - lost_keys and not second.paused
         moved = {tp.partition for tp in b.owned}
         # A dropped exactly the unemitted traces of the partitions it lost; B rebuilt those
         await eventually(lambda: set(second.traces) >= lost_keys, what="B rebuilds the moved traces")

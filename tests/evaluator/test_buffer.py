@@ -404,3 +404,44 @@ def test_a_trace_closing_into_a_session_scored_earlier_is_late() -> None:
     assert acc.late == 1 and buf.buffered_spans == 0
     clock.advance(10)
     assert buf.sweep() == [], "no revision 0 of a fragment of the scored session"
+
+
+def test_a_paused_trace_waits_out_the_pause_and_then_a_full_idle_timeout() -> None:
+    """A Kafka rebalance pauses reading: the rest of a trace sits unread, so it must not close."""
+    buf, clock, _ = make(max_trace_age=100.0)
+    buf.offer([rec(1, 1, root=True)])
+    buf.offer([rec(2, 1, root=True)])
+    assert buf.pause_traces({(1).to_bytes(16, "big"), (9).to_bytes(16, "big")}) == 1  # 9 is not open
+    clock.advance(30)  # far past the idle timeout: only the unpaused trace closes
+    assert [c.partition_id for c in buf.sweep()] == [(2).to_bytes(16, "big").hex()]
+    buf.resume_traces({(1).to_bytes(16, "big")})
+    buf.offer([rec(1, 2)])  # the rest, read after the rebalance
+    clock.advance(1.9)
+    assert buf.sweep() == []  # resuming restarted the idle timer
+    clock.advance(0.2)
+    (closed,) = buf.sweep()
+    assert (closed.reason, len(closed.records)) == ("idle", 2)
+
+
+def test_a_paused_trace_past_its_max_age_closes_once_resumed() -> None:
+    buf, clock, _ = make(max_trace_age=20.0)
+    trace = (1).to_bytes(16, "big")
+    buf.offer([rec(1, 1)])
+    buf.pause_traces({trace})
+    clock.advance(30)
+    assert buf.sweep() == []
+    buf.resume_traces({trace})
+    assert [c.reason for c in buf.sweep()] == ["max_age"]
+
+
+def test_a_discarded_paused_trace_is_forgotten() -> None:
+    buf, clock, _ = make()
+    trace = (1).to_bytes(16, "big")
+    buf.offer([rec(1, 1, root=True)])
+    buf.pause_traces({trace})
+    assert buf.discard_traces({trace}) == 1
+    buf.resume_traces({trace})
+    buf.offer([rec(1, 2, root=True)])  # the same id again, from elsewhere: an ordinary open trace
+    clock.advance(2.1)
+    (closed,) = buf.sweep()
+    assert len(closed.records) == 1
