@@ -103,8 +103,7 @@ async def _one_round(requests: list[bytes], expectations: Path, data_dir: Path, 
         await asyncio.gather(*durable)
         clock.advance(120.0)
         service.sweep_now()
-        while service._inflight:
-            await asyncio.gather(*list(service._inflight))
+        await service.engine.wait_idle()
         await service.fanout.flush()
         await service.flush_decisions()
         seconds = time.process_time() - started

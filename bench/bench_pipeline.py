@@ -5,7 +5,7 @@ No gRPC and no second process: the loadgen's requests are fed to the real `Servi
 the embedded defaults plus the loadgen's task expectations, no write-ahead log) with a manual clock:
   ingest  - Ingestor.consume for every request (validate, split, buffer);
   close   - PartitionBuffer.sweep after the idle timeout (close detection);
-  score   - Service._process_all (decode, partition, steps, trajectory, scorers);
+  score   - EvaluationEngine.process_all (decode, partition, steps, trajectory, scorers);
   export  - every score sink's export (Prometheus, plus any stream configured).
 Each stage is timed (process CPU time, so other work on a shared machine counts less) over the whole
 set, --rounds times on fresh services; the median is printed.
@@ -86,7 +86,7 @@ def one_round(
     clock.advance(service.config.buffer.rootless_trace_idle_timeout or 60.0)
     clock.advance(60.0)
     closed = timed("close", service.buffer.sweep)
-    outputs = timed("score", lambda: service._process_all(closed))
+    outputs = timed("score", lambda: service.engine.process_all(closed))
     events = [out.event for out in outputs]
     sinks = service.fanout.exporters
 

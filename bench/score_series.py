@@ -78,7 +78,7 @@ def worst_case(max_task_keys: int) -> str:
     from prometheus_client.exposition import generate_latest
 
     from stepwatch.evaluator.results import ScoreResult
-    from stepwatch.exporters.base import PartitionScores
+    from stepwatch.evaluator.scores import PartitionScores
     from stepwatch.exporters.prometheus import PrometheusExporter
 
     metrics = {

@@ -25,9 +25,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from stepwatch.evaluator.accounting import SpanAccounting
+from stepwatch.evaluator.scores import PartitionScores
 from stepwatch.listen_errors import bind_error
 
-from .base import PartitionScores
 from .score_families import FAMILIES, RATIO, exposed_value, family_of
 from .task_keys import UNREGISTERED, TaskKeyCap
 

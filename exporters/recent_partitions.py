@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .base import PartitionScores
+from stepwatch.evaluator.scores import PartitionScores
 
 log = logging.getLogger("stepwatch.partitions")
 

@@ -16,7 +16,8 @@ from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry
 
-from .base import PartitionScores
+from stepwatch.evaluator.scores import PartitionScores
+
 from .config import KafkaExporterConfig, OtelEventsExporterConfig, OtelMetricsExporterConfig, ScoreEventConfig
 from .events import ScoreEvent, ScoreEventExporter, make_score_event
 

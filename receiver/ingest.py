@@ -214,7 +214,7 @@ class Ingestor:
     buffer_key: Callable[[str, bytes], bytes] | None = field(default=None, repr=False)
     """(tenant, trace id) -> buffer key, so two tenants' equal trace ids are separate partitions."""
     room: Callable[[], Awaitable[None]] | None = field(default=None, repr=False)
-    """Awaited by `admit`: the scoring backlog's gate (stepwatch/backlog.py)."""
+    """Awaited by `admit`: the scoring backlog's gate (evaluator/backlog.py)."""
 
     async def admit(self) -> None:
         if self.room is not None:

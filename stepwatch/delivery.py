@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from stepwatch.exporters.base import PartitionScores, ScoreExporter
+from stepwatch.evaluator.scores import PartitionScores
+from stepwatch.exporters.base import ScoreExporter
 
 
 class DeliveryTracker:

@@ -13,41 +13,27 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
 from pathlib import Path
 
 from aiohttp import web
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from stepwatch.backlog import ScoringBacklog
 from stepwatch.evaluator.accounting import SpanAccounting
-from stepwatch.evaluator.buffer import ClosedPartition, PartitionBuffer
+from stepwatch.evaluator.backlog import ScoringBacklog
+from stepwatch.evaluator.buffer import PartitionBuffer
 from stepwatch.evaluator.clock import Clock, SystemClock
-from stepwatch.evaluator.expectation import Expectation
+from stepwatch.evaluator.engine import EngineSettings, EvaluationEngine
 from stepwatch.evaluator.expectations_store import ExpectationsStore
 from stepwatch.evaluator.judge.factory import build_runner
 from stepwatch.evaluator.judge.runner import JudgeRunner
-from stepwatch.evaluator.ledger import DecisionLedger, pack_span_ids
+from stepwatch.evaluator.ledger import DecisionLedger
 from stepwatch.evaluator.model import Partition
-from stepwatch.evaluator.partitioning import build_partition
-from stepwatch.evaluator.pipeline import (
-    AttributeSelection,
-    build_scoring_input,
-    is_async_scorer,
-    reads_span_attributes,
-    reads_step_io,
-    run_async_scorers,
-    run_sync_scorers,
-    scoring_attributes,
-)
-from stepwatch.evaluator.results import ScoreResult
-from stepwatch.evaluator.scorers.base import Scorer, ScoringInput
 from stepwatch.evaluator.scorers.judge_registration import judge_scorer_entries
 from stepwatch.evaluator.scorers.registry import ScorerRegistry
-from stepwatch.exporters.base import FanOutExporter, PartitionScores, ScoreExporter
+from stepwatch.evaluator.scores import PartitionScores
+from stepwatch.exporters.base import FanOutExporter, ScoreExporter
 from stepwatch.exporters.events import root_span_id
 from stepwatch.exporters.judge_metrics import JudgeCollector
 from stepwatch.exporters.prometheus import BufferGauges, MetricsServer, PrometheusExporter
@@ -84,29 +70,18 @@ from .security import (
 )
 from .security.auth import TENANT_KEY
 from .tenancy import (
+    EngineTenancy,
     PrivateSink,
     TenantExpectations,
     TenantScope,
     decode_limited,
     guard,
-    guarded_scorers,
     load_bounded_expectations,
     tenant_of,
 )
 
 log = logging.getLogger("stepwatch")
 partition_log = logging.getLogger("stepwatch.partitions")  # sampled (stepwatch.logs)
-
-
-@dataclass(slots=True)
-class _Scored:
-    """A worker's output for one partition: sync results done, async scorers still to await."""
-
-    event: PartitionScores
-    inp: ScoringInput | None
-    """Set exactly when `pending` is not empty: holding every partition's spans until its event
-    was exported made the garbage collector walk them all (~5 us/span under load)."""
-    pending: list[Scorer]
 
 
 class Service:
@@ -128,8 +103,6 @@ class Service:
             self.judge_runner = build_runner(config.judge)
             scorers = ScorerRegistry.builtin().extended(judge_scorer_entries(self.judge_runner))
         self.scorers = scorers
-        self._judging: dict[str, asyncio.Task[None]] = {}  # partition id -> revision awaiting async scorers
-        self._judge_in_worker = self.judge_runner is not None and self.judge_runner.judge.backend == "local"
         self.accounting = SpanAccounting()
         sec = config.security
         self.limits = sec.limits
@@ -304,13 +277,29 @@ class Service:
                 middlewares=[admin_auth_middleware(admin)] if admin.enabled else (),
                 routes=self.debug.routes(),
             )
-        keys = config.partitioning.task_key_attributes
-        self._scoring_attributes = {io: scoring_attributes(keys, step_io=io) for io in (True, False)}
-        self._selections: dict[int, tuple[ExpectationsStore, AttributeSelection | None]] = {}
-        # one worker: score inline (see _score_inline); the local judge still runs in the thread
-        self._inline = config.scoring.workers == 1
-        self._executor = ThreadPoolExecutor(config.scoring.workers, thread_name_prefix="stepwatch-score")
-        self._inflight: set[asyncio.Task[None]] = set()
+        self.engine = EvaluationEngine(
+            self.buffer,
+            self.scorers,
+            self.accounting,
+            self.backlog,
+            EngineSettings(
+                task_key_attributes=tuple(config.partitioning.task_key_attributes),
+                workers=config.scoring.workers,
+                max_pending_partitions=config.judge.max_pending_partitions,
+                records_decisions=self.decisions is not None,
+                tenant_attribute=self.policy.enabled,
+            ),
+            decode=lambda records, selection: decode_limited(
+                records, selection, self.limits, self.limit_meter, self._origins
+            ),
+            tenancy=EngineTenancy(self.scope, self.tenant_expectations),
+            guard=lambda inp: guard(inp, self.limits, self.limit_meter),
+            submit=self.fanout.submit,
+            release=self._release,
+            annotate=self._stream_attributes,
+            limit_exceeded=self.limit_meter.exceeded,
+            judge_runner=self.judge_runner,
+        )
         self._sweeper: asyncio.Task[None] | None = None
         self._started = False
         self._stopping = False
@@ -542,15 +531,14 @@ class Service:
                 await self._sweeper
         deadline = time.monotonic() + max(grace, 1.0) * 6
         while time.monotonic() < deadline:
-            while self._inflight:
-                await asyncio.gather(*list(self._inflight), return_exceptions=True)
+            await self.engine.wait_idle()
             closed = self.buffer.close_all("shutdown")
-            if not closed and not self._inflight:
+            if not closed and not self.engine.inflight:
                 if self.buffer.idle():
                     break
                 await asyncio.sleep(0.01)
                 continue
-            self._dispatch(closed)
+            self.engine.dispatch(closed)
         if not self.buffer.idle():
             log.error(
                 "shutdown: %d span(s) could not be scored before the deadline", self.buffer.buffered_spans
@@ -572,7 +560,7 @@ class Service:
             await self.wal.stop()
         if self.metrics_server is not None:
             await self.metrics_server.shutdown()
-        self._executor.shutdown(wait=True)
+        self.engine.shutdown()
         acc = self.accounting
         log.info(
             "drained: %d span(s) received, %d replayed, %d scored, %d rejected, %d duplicate, %d late",
@@ -606,7 +594,7 @@ class Service:
         The sweep loop's step; tests with a manual clock call it directly."""
         closed = self.buffer.sweep()
         if closed:
-            self._dispatch(closed)
+            self.engine.dispatch(closed)
         dropped = self.buffer.take_dropped_revisions()
         if dropped:
             self._release(dropped)
@@ -616,244 +604,6 @@ class Service:
                 retry, self._undecided = self._undecided, []
                 for event in retry:
                     self._delivered(event)
-
-    def _dispatch(self, closed: list[ClosedPartition]) -> None:
-        if partition_log.isEnabledFor(logging.DEBUG):
-            for c in closed:
-                fields = {
-                    "partition_type": c.partition_type,
-                    "partition_id": c.partition_id,
-                    "reason": c.reason,
-                }
-                partition_log.debug("partition closed", extra={"fields": {**fields, "revision": c.revision}})
-        self.backlog.add(sum(len(c.records) for c in closed))
-        workers = self.config.scoring.workers
-        chunks = [closed[i::workers] for i in range(min(workers, len(closed)))]
-        for chunk in chunks:
-            task = asyncio.create_task(self._score_batch(chunk))
-            self._inflight.add(task)
-            task.add_done_callback(self._inflight.discard)
-
-    async def _score_batch(self, closed: list[ClosedPartition]) -> None:
-        if self._inline:
-            await self._score_inline(closed)
-            return
-        loop = asyncio.get_running_loop()
-        try:
-            outputs = await loop.run_in_executor(self._executor, self._process_batch, closed)
-        finally:
-            self.backlog.done(sum(len(c.records) for c in closed))
-        for out in outputs:
-            self._emit(out)
-
-    async def _score_inline(self, closed: list[ClosedPartition]) -> None:
-        """Score on the event loop in slices of at most INLINE_SLICE_SECONDS (plus one partition),
-        yielding between slices so receivers answer within about that bound. With one worker this
-        beats a thread: on one core the thread only adds GIL hand-offs (docs/serve.md)."""
-        clock = time.perf_counter
-        i, n = 0, len(closed)
-        while i < n:
-            deadline = clock() + INLINE_SLICE_SECONDS
-            outputs: list[_Scored] = []
-            while i < n:
-                outputs.extend(self._process_all(closed[i : i + 1]))
-                self.backlog.done(len(closed[i].records))
-                i += 1
-                if clock() >= deadline:
-                    break
-            if self._judge_in_worker and any(out.pending for out in outputs):  # judge CPU off the loop
-                judged = iter(
-                    await asyncio.to_thread(self._finish_local_judge, [o for o in outputs if o.pending])
-                )
-                outputs = [next(judged) if out.pending else out for out in outputs]  # keep the order
-            for out in outputs:
-                self._emit(out)
-            await asyncio.sleep(0)
-
-    def _emit(self, out: _Scored) -> None:
-        """Submit a scored revision; one still waiting on async scorers (a remote judge) completes in
-        its own task, so one slow partition never holds the others. A partition's revisions still
-        leave in order: a revision waits for the previous one of the same partition."""
-        key = out.event.partition_id
-        previous = self._judging.get(key)
-        if not out.pending and previous is None:
-            self.fanout.submit(out.event)
-            return
-        limit = self.config.judge.max_pending_partitions
-        if out.pending and len(self._judging) >= limit:
-            skipped = _not_scored(out, f"judge backlog of {limit} partitions full")
-            out = _Scored(_with_results(out.event, (*out.event.results, *skipped)), None, [])
-            if self.judge_runner is not None and skipped:
-                self.judge_runner.governor.counters["backlog"] += len(skipped)
-        task = asyncio.create_task(self._complete(out, previous))
-        self._judging[key] = task
-        self._inflight.add(task)
-
-        def finished(done: asyncio.Task[None]) -> None:
-            self._inflight.discard(done)
-            if self._judging.get(key) is done:
-                del self._judging[key]
-
-        task.add_done_callback(finished)
-
-    async def _complete(self, out: _Scored, previous: asyncio.Task[None] | None) -> None:
-        event = out.event
-        if out.pending:
-            late = await run_async_scorers(out.inp, out.pending)  # type: ignore[arg-type]  # set with pending
-            event = _with_results(event, (*event.results, *late))
-        if previous is not None:
-            await asyncio.wait([previous])
-        self.fanout.submit(event)
-
-    def _process_batch(self, closed: list[ClosedPartition]) -> list[_Scored]:
-        """Worker thread: decode, route or partition, score the sync scorers. Never raises.
-
-        With the local judge (CPU only, never waits on I/O) the judge scorers run here too, on a
-        private event loop, so their CPU stays off the receivers' loop; remote judges are awaited on
-        the service loop (their HTTP session lives there)."""
-        outputs = self._process_all(closed)
-        if self._judge_in_worker and any(out.pending for out in outputs):
-            outputs = self._finish_local_judge(outputs)
-        return outputs
-
-    @staticmethod
-    def _finish_local_judge(outputs: list[_Scored]) -> list[_Scored]:
-        """In a worker thread: the local judge's scorers on a private event loop. Never raises."""
-        try:
-            return asyncio.run(_finish_async_scorers(outputs))
-        except Exception:  # left pending: they are awaited on the service loop instead
-            log.exception("judge scorers failed in the worker thread")
-            return outputs
-
-    def _process_all(self, closed: list[ClosedPartition]) -> list[_Scored]:
-        outputs: list[_Scored] = []
-        queue = list(closed)
-        while queue:
-            item = queue.pop(0)
-            try:
-                scored, more = self._process(item)
-            except Exception:  # a bug in decoding/partitioning: account the spans, go on
-                log.exception("scoring partition %s failed", item.partition_id)
-                with self.accounting.scoring_lock:
-                    self.accounting.scoring_errors += item.new_spans
-                self.buffer.done(item)
-                if item.needs_routing:
-                    with contextlib.suppress(ValueError):
-                        self.buffer.settle_trace(item)
-                continue
-            queue.extend(more)
-            if scored is not None:
-                outputs.append(scored)
-        return outputs
-
-    def _process(self, closed: ClosedPartition) -> tuple[_Scored | None, list[ClosedPartition]]:
-        keys = self.config.partitioning.task_key_attributes
-        if closed.partition_type == "session":
-            tenant, partition_id = self.scope.split_session(closed.partition_id)
-        else:
-            tenant, partition_id = self.scope.split_trace(closed.partition_id)
-        store = self.tenant_expectations.get(tenant)  # this tenant's own, never another's
-        spans = decode_limited(
-            closed.records, self._selection(store), self.limits, self.limit_meter, self._origins
-        )
-        if closed.needs_routing:
-            partition = build_partition("trace", partition_id, spans, task_key_attributes=keys)
-            expectation = store.get(partition.task_key)
-            if expectation is not None and expectation.partition == "session" and partition.session_id:
-                session_key = self.scope.session_key(tenant, partition.session_id)
-                more = self.buffer.join_session(closed, session_key, partition.task_key)
-                trace_key = bytes.fromhex(closed.partition_id)
-                if not self.buffer.will_score(trace_key):  # late to a closed session, no revision
-                    self._release([trace_key])
-                if any(c.reason == "limit" for c in more):
-                    self.limit_meter.exceeded("traces_per_session")
-                return None, more
-            self.buffer.settle_trace(closed)
-        elif closed.partition_type == "session":
-            partition = build_partition(
-                "session", partition_id, spans, task_key_attributes=keys, session_id=partition_id
-            )
-            # the session was formed under its first trace's task key; keep scoring it against that
-            task_key = closed.task_key or partition.task_key
-            if task_key != partition.task_key:
-                partition = partition.model_copy(update={"task_key": task_key})
-            expectation = store.get(task_key)
-        else:
-            partition = build_partition("trace", partition_id, spans, task_key_attributes=keys)
-            expectation = store.get(partition.task_key)
-        return self._score(partition, expectation, closed, store, tenant), []
-
-    def _selection(self, store: ExpectationsStore) -> AttributeSelection | None:
-        """The scoring attributes, when no scorer any of the store's partitions may get reads other
-        span attributes (judge scorers, plan_adherence); else None (decode whole). Tool inputs,
-        outputs and the final answer only when some scorer reads them (a `must_call ... with`
-        rule). Cached per store (a reload is a new store)."""
-        cached = self._selections.get(id(store))
-        if cached is not None and cached[0] is store:
-            return cached[1]
-        pairs = [
-            (scorer, expectation)
-            for expectation in [None, *(store.get(key) for key in store.task_keys)]
-            for scorer in self.scorers.scorers_for(expectation)
-        ]
-        selection = None
-        if not any(reads_span_attributes(scorer) for scorer, _ in pairs):
-            step_io = any(reads_step_io(scorer, expectation) for scorer, expectation in pairs)
-            selection = self._scoring_attributes[step_io]
-        if len(self._selections) > 64:  # stores replaced by reloads
-            self._selections.clear()
-        self._selections[id(store)] = (store, selection)
-        return selection
-
-    def _score(
-        self,
-        partition: Partition,
-        expectation: Expectation | None,
-        closed: ClosedPartition,
-        store: ExpectationsStore,
-        tenant: str = DEFAULT_TENANT.name,
-    ) -> _Scored:
-        inp = build_scoring_input(partition, expectation)
-        # alignment too large for the shared worker: those scorers are not_scored, the rest run
-        scorers, skipped = guarded_scorers(
-            self.scorers.scorers_for(expectation), guard(inp, self.limits, self.limit_meter)
-        )
-        sync = [s for s in scorers if not is_async_scorer(s)]
-        results = [*run_sync_scorers(inp, sync), *skipped]
-        acc = self.accounting
-        with acc.scoring_lock:
-            if closed.revision == 0:
-                acc.scored += closed.new_spans
-                if expectation is None:
-                    acc.unmatched[partition.type] += 1
-            acc.closed[(partition.type, closed.reason)] += 1
-        self.buffer.done(closed)
-        event = PartitionScores(
-            partition_type=partition.type,
-            partition_id=partition.id,
-            revision=closed.revision,
-            close_reason=closed.reason,
-            task_key=partition.task_key,
-            registered=partition.task_key in store,
-            session_id=partition.session_id,
-            trace_ids=tuple(partition.trace_ids),
-            span_count=len(partition.spans),
-            results=tuple(results),
-            expectation_version=expectation.version if expectation is not None else None,
-            scored_at_unix_nano=time.time_ns(),
-            last_span_monotonic=closed.last_arrival,
-            scored_spans=(
-                _scored_spans(closed.records, closed.partition_type == "trace")
-                if self.decisions is not None
-                else {}
-            ),
-            attributes={
-                **self._stream_attributes(partition),
-                **({"tenant": tenant} if self.policy.enabled else {}),
-            },
-        )
-        pending = [s for s in scorers if is_async_scorer(s)]
-        return _Scored(event, inp if pending else None, pending)
 
     def _stream_attributes(self, partition: Partition) -> dict[str, str]:
         """The first trace's root span, where the OTel evaluation events and ScoreEvents point."""
@@ -902,25 +652,6 @@ class Service:
         )
 
 
-INLINE_SLICE_SECONDS = 0.005
-"""Longest run of inline scoring before the event loop serves receivers again."""
-
-
-def _scored_spans(
-    records: Sequence[tuple[bytes, bytes, int, bytes, object]], one_trace: bool
-) -> Mapping[bytes, bytes]:
-    """Each trace's span ids in a scored snapshot: what its decision record says was scored."""
-    if one_trace and records:
-        return {records[0][0]: pack_span_ids([rec[1] for rec in records])}
-    by_trace: dict[bytes, list[bytes]] = {}
-    for rec in records:
-        ids = by_trace.get(rec[0])
-        if ids is None:
-            ids = by_trace[rec[0]] = []
-        ids.append(rec[1])
-    return {key: pack_span_ids(ids) for key, ids in by_trace.items()}
-
-
 def _decision_log_config(wal: WalConfig) -> WalConfig:
     """The decision log beside the WAL: same sync policy, small segments (~8 bytes a span)."""
     segment = max(64 * 1024, min(4 * 2**20, wal.segment_bytes))
@@ -935,32 +666,3 @@ def _decision_log_config(wal: WalConfig) -> WalConfig:
 
 class _Backpressure(Exception):
     """The buffer (or the service) cannot take a Kafka message now: retry it after a backoff."""
-
-
-async def _finish_async_scorers(outputs: list[_Scored]) -> list[_Scored]:
-    """Await every output's async scorers (concurrently) and fold their results into its event."""
-    done = await asyncio.gather(
-        *(run_async_scorers(out.inp, out.pending) for out in outputs if out.pending)  # type: ignore[arg-type]
-    )
-    late = iter(done)
-    return [
-        _Scored(_with_results(out.event, (*out.event.results, *next(late))), None, []) if out.pending else out
-        for out in outputs
-    ]
-
-
-def _not_scored(out: _Scored, reason: str) -> list[ScoreResult]:
-    """`not_scored` results for the async scorers that apply to this input (never run)."""
-    results = []
-    for scorer in out.pending:
-        try:
-            applies = scorer.applicable(out.inp)
-        except Exception:
-            applies = True
-        if applies:
-            results.append(ScoreResult(metric=scorer.name, not_scored=reason))
-    return results
-
-
-def _with_results(event: PartitionScores, results: tuple[ScoreResult, ...]) -> PartitionScores:
-    return replace(event, results=results)

@@ -19,9 +19,9 @@ from stepwatch.evaluator.expectations_store import (
     parse_expectations,
 )
 from stepwatch.evaluator.model import Span
-from stepwatch.evaluator.pipeline import AttributeSelection, uses_expected_steps
+from stepwatch.evaluator.pipeline import AttributeSelection
 from stepwatch.evaluator.results import ScoreResult
-from stepwatch.evaluator.scorers.base import Scorer, ScoringInput
+from stepwatch.evaluator.scorers.base import ScoringInput
 from stepwatch.exporters.base import carries_content as declares_content
 from stepwatch.receiver.origin import OriginCache
 from stepwatch.receiver.records import decode_records, decode_records_for_limits
@@ -127,6 +127,26 @@ def load_bounded_expectations(
     return store
 
 
+class EngineTenancy:
+    """The evaluation engine's view of tenancy: buffer keys to tenants, and each tenant's store."""
+
+    def __init__(self, scope: TenantScope, stores: TenantExpectations) -> None:
+        self._scope = scope
+        self._stores = stores
+
+    def split_trace(self, partition_id: str) -> tuple[str, str]:
+        return self._scope.split_trace(partition_id)
+
+    def split_session(self, key: str) -> tuple[str, str]:
+        return self._scope.split_session(key)
+
+    def session_key(self, tenant: str, session_id: str) -> str:
+        return self._scope.session_key(tenant, session_id)
+
+    def expectations(self, tenant: str) -> ExpectationsStore:
+        return self._stores.get(tenant)
+
+
 class TenantExpectations:
     """Each tenant's own expectations store; a lookup never falls back to another tenant's."""
 
@@ -222,15 +242,6 @@ def guard(inp: ScoringInput, limits: LimitsConfig, meter: LimitMeter) -> str | N
         except LimitExceeded as exc:
             return str(exc)
     return scoring_guard(len(inp.steps), inp.expected_steps, limits, meter)
-
-
-def guarded_scorers(scorers: Sequence[Scorer], reason: str | None) -> tuple[list[Scorer], list[ScoreResult]]:
-    """(scorers to run, not_scored results for those the guard stopped)."""
-    if reason is None:
-        return list(scorers), []
-    run = [s for s in scorers if not uses_expected_steps(s)]
-    skipped = [ScoreResult(metric=s.name, not_scored=reason) for s in scorers if uses_expected_steps(s)]
-    return run, skipped
 
 
 def tenant_of(attributes: dict[str, Any]) -> str:

@@ -21,7 +21,7 @@ from typing import IO
 
 from stepwatch.commands.serve import add_arguments, flag_overrides
 from stepwatch.config import load_config
-from stepwatch.exporters.base import PartitionScores
+from stepwatch.evaluator.scores import PartitionScores
 from stepwatch.exporters.events import compute_event_id
 from stepwatch.service import Service
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from stepwatch.commands.serve import add_arguments, flag_overrides
 from stepwatch.config import load_config
-from stepwatch.exporters.base import PartitionScores
+from stepwatch.evaluator.scores import PartitionScores
 from stepwatch.service import Service
 
 

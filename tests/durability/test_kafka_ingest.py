@@ -421,8 +421,7 @@ async def test_a_message_delivered_again_after_its_trace_was_scored_is_a_duplica
     async def settle(seconds: float) -> None:
         clock.advance(seconds)
         service.sweep_now()
-        while service._inflight:
-            await asyncio.gather(*list(service._inflight))
+        await service.engine.wait_idle()
         await service.fanout.flush()
 
     try:

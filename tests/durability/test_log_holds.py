@@ -7,7 +7,6 @@ that joins a session which has already closed and is no longer retained.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -39,8 +38,7 @@ def _trace(trace_byte: int) -> ExportTraceServiceRequest:
 async def _settle(service: Service, clock: ManualClock, seconds: float) -> None:
     clock.advance(seconds)
     service.sweep_now()
-    while service._inflight:
-        await asyncio.gather(*list(service._inflight))
+    await service.engine.wait_idle()
     await service.fanout.flush()
     await service.flush_decisions()
 

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from stepwatch.evaluator.results import ScoreResult
-from stepwatch.exporters.base import PartitionScores
+from stepwatch.evaluator.scores import PartitionScores
 from stepwatch.exporters.prometheus import (
     GENERIC_LATENCY_BUCKETS,
     LATENCY_BUCKETS,

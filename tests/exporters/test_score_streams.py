@@ -9,7 +9,8 @@ from scorestream_helpers import eventually, make_partition
 from test_otel_streams import attrs, grpc_sink  # noqa: F401 - the fixture is used by name
 
 from stepwatch.evaluator.results import ScoreResult
-from stepwatch.exporters.base import FanOutExporter, PartitionScores, ScoreExporter
+from stepwatch.evaluator.scores import PartitionScores
+from stepwatch.exporters.base import FanOutExporter, ScoreExporter
 from stepwatch.exporters.config import (
     KafkaExporterConfig,
     OtelEventsExporterConfig,

@@ -15,8 +15,9 @@ from test_score_streams import partition_scores
 
 from stepwatch.config import load_config
 from stepwatch.evaluator.results import ScoreResult
+from stepwatch.evaluator.scores import PartitionScores
 from stepwatch.exporters import score_streams
-from stepwatch.exporters.base import FanOutExporter, PartitionScores
+from stepwatch.exporters.base import FanOutExporter
 from stepwatch.exporters.config import (
     KafkaExporterConfig,
     OtelEventsExporterConfig,

@@ -115,7 +115,7 @@ def _run_service(requests: list[bytes], expectations: Path) -> tuple[list[Any], 
         assert result.retry_after is None
     clock.advance(service.config.buffer.rootless_trace_idle_timeout or 60.0)
     clock.advance(60.0)
-    outputs = service._process_all(service.buffer.sweep())
+    outputs = service.engine.process_all(service.buffer.sweep())
     events = []
     for out in outputs:
         fields = dataclasses.asdict(out.event)

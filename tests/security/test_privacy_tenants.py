@@ -12,7 +12,8 @@ from pydantic import ValidationError
 from stepwatch.evaluator.content import has_content, strip_content
 from stepwatch.evaluator.model import Span
 from stepwatch.evaluator.results import ScoreResult
-from stepwatch.exporters.base import InMemoryScoreExporter, PartitionScores, carries_content
+from stepwatch.evaluator.scores import PartitionScores
+from stepwatch.exporters.base import InMemoryScoreExporter, carries_content
 from stepwatch.exporters.prometheus import PrometheusExporter
 from stepwatch.security.config import (
     PrivacyConfig,

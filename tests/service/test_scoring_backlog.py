@@ -11,8 +11,8 @@ import asyncio
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from stepwatch.backlog import ScoringBacklog
 from stepwatch.config import load_config
+from stepwatch.evaluator.backlog import ScoringBacklog
 from stepwatch.evaluator.clock import ManualClock
 from stepwatch.service import Service
 
@@ -68,7 +68,7 @@ async def test_receivers_are_held_until_dispatched_partitions_are_scored() -> No
     assert service.backlog.spans == 12
     held = asyncio.create_task(service.ingestor.admit())
     await asyncio.sleep(0)
-    await asyncio.gather(*list(service._inflight))  # scoring runs; the backlog drains
+    await service.engine.wait_idle()  # scoring runs; the backlog drains
     await asyncio.wait_for(held, 1.0)
     assert service.backlog.spans == 0 and service.backlog.held_requests == 1
     assert service.accounting.scored == 12

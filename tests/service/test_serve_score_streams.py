@@ -34,7 +34,8 @@ from test_otel_streams import attrs, grpc_sink  # noqa: F401 - the fixture is us
 
 from stepwatch.commands import serve as serve_command
 from stepwatch.config import load_config
-from stepwatch.exporters.base import InMemoryScoreExporter, PartitionScores
+from stepwatch.evaluator.scores import PartitionScores
+from stepwatch.exporters.base import InMemoryScoreExporter
 from stepwatch.exporters.config import ScoreEventConfig
 from stepwatch.exporters.events import ScoreEvent, score_event_json_schema
 from stepwatch.exporters.score_streams import wire_events
