@@ -95,7 +95,11 @@ def guarded_scorers(scorers: Sequence[Scorer], reason: str | None) -> tuple[list
     if reason is None:
         return list(scorers), []
     run = [s for s in scorers if not uses_expected_steps(s)]
-    skipped = [ScoreResult(metric=s.name, not_scored=reason) for s in scorers if uses_expected_steps(s)]
+    skipped = [
+        ScoreResult(metric=s.name, not_scored=reason, metadata={"limit_exceeded": True})
+        for s in scorers
+        if uses_expected_steps(s)
+    ]
     return run, skipped
 
 

@@ -132,7 +132,9 @@ class Record:
 
     @property
     def failed(self) -> bool:
-        return self.error is not None or any(r.error is not None or _judge_failed(r) for r in self.results)
+        return self.error is not None or any(
+            r.error is not None or _judge_failed(r) or r.metadata.get("limit_exceeded") for r in self.results
+        )
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id}
@@ -576,12 +578,18 @@ def _run_async(inp: Any, scorers: list[Any], runner: Any) -> list[Any]:
 
 
 def _score_partition(partition: Any, expectation: Any, scorers: list[Any], runner: Any) -> Any:
-    from stepwatch.evaluator.pipeline import build_scoring_input, is_async_scorer, score_partition
+    """The engine's own scoring step (evaluator/engine.py), under serve's default limits: a
+    partition too large to align gets the same not_scored results as it would in `serve`."""
+    from stepwatch.evaluator.engine import evaluate
+    from stepwatch.security.config import LimitsConfig
+    from stepwatch.security.limits import LimitCounters
+    from stepwatch.tenancy import guard
 
-    if not any(is_async_scorer(scorer) for scorer in scorers):
-        return score_partition(partition, expectation, scorers)
-    inp = build_scoring_input(partition, expectation)
-    return inp, _run_async(inp, scorers, runner)
+    limits, meter = LimitsConfig(), LimitCounters()
+    done = evaluate(partition, expectation, scorers, lambda inp: guard(inp, limits, meter))
+    if done.pending:
+        done.results.extend(_run_async(done.inp, done.pending, runner))
+    return done.inp, done.results
 
 
 def _score_inline(job: InlineJob, args: argparse.Namespace) -> Record:

@@ -232,3 +232,47 @@ def test_dataset_help_names_the_file_and_the_inline_row_fields() -> None:
     for field in ("expected_steps", "scoring_method", "rules", "trajectory", "expected_trajectory", "input"):
         assert field in dataset.help, field
     assert "expected_plan" in dataset.help and "OpenInference span list" in dataset.help
+
+
+def _many_tool_calls(path: Path, steps: int) -> None:
+    """One trace: a root agent span and `steps` tool calls under it, as an OTLP protobuf file."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+    def attr(key: str, value: str) -> KeyValue:
+        return KeyValue(key=key, value=AnyValue(string_value=value))
+
+    request = ExportTraceServiceRequest()
+    spans = request.resource_spans.add().scope_spans.add().spans
+    trace_id = bytes(range(1, 17))
+    root = spans.add(trace_id=trace_id, span_id=(1).to_bytes(8, "big"), name="invoke_agent big")
+    root.start_time_unix_nano, root.end_time_unix_nano = 1, 10**9
+    root.attributes.extend([attr("gen_ai.operation.name", "invoke_agent"), attr("gen_ai.agent.name", "big")])
+    for i in range(steps):
+        span = spans.add(trace_id=trace_id, span_id=(i + 2).to_bytes(8, "big"), name="execute_tool lookup")
+        span.parent_span_id = root.span_id
+        span.start_time_unix_nano, span.end_time_unix_nano = 2 + 2 * i, 3 + 2 * i
+        span.attributes.extend(
+            [attr("gen_ai.operation.name", "execute_tool"), attr("gen_ai.tool.name", "lookup")]
+        )
+    path.write_bytes(request.SerializeToString())
+
+
+def test_a_partition_too_large_to_align_is_not_scored_as_in_serve(tmp_path: Path) -> None:
+    """`score` runs serve's scoring step with serve's default limits: over max_steps_per_partition
+    the expected-steps scorers are not_scored (exit 1, not a silent pass); the others still run."""
+    path = tmp_path / "big.pb"
+    _many_tool_calls(path, 2001)
+    proc = run("score", str(path), "--expected-steps", '["lookup"]', "--format", "json")
+    assert proc.returncode == 1, proc.stderr
+    (record,) = [json.loads(line) for line in proc.stdout.splitlines()]
+    results = {r["metric"]: r for r in record["results"]}
+    assert (
+        "limit steps_per_partition: 2001 observed steps, over 2000"
+        in results["agent.step_accuracy"]["not_scored"]
+    )
+    assert results["trajectory.step_count"]["score"] >= 2001
+    _many_tool_calls(path, 2000)
+    proc = run("score", str(path), "--expected-steps", '["lookup"]', "--format", "json")
+    (record,) = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert {r["metric"]: r for r in record["results"]}["agent.step_accuracy"]["score"] is not None
