@@ -10,7 +10,8 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from stepwatch.evaluator.scores import PartitionScores
@@ -18,9 +19,39 @@ from stepwatch.evaluator.scores import PartitionScores
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What an exporter declares about itself, as a Collector component declares its
+    `consumer.Capabilities`: the service reads the declaration, it never probes for methods."""
+
+    carries_content: bool = True
+    """It may emit step content (inputs, outputs, prompts in result metadata), so the privacy
+    wrapper strips events of tenants that withhold content. One that emits only labels and numbers
+    (Prometheus, the partition log) declares False and skips that cost."""
+    deferred_delivery: bool = False
+    """`export()` only queues in memory; `export_tracked(events, handled)` (`DeferredExporter`)
+    reports each event once it was sent or spooled, and the logs' holds wait for that (Kafka)."""
+    follows_expectations: bool = False
+    """It bounds task-key label values and wants `expectations_reloaded(ok)` after each reload, so
+    keys a reload removed free their slots."""
+
+
+DEFAULT_CAPABILITIES = Capabilities()
+
+
+def capabilities_of(exporter: object) -> Capabilities:
+    """The exporter's declared `capabilities`; one that declares none (an exporter passed to
+    `Service(exporters=...)`) gets the safe defaults: it carries content and has handled an event
+    when `export()` returns."""
+    declared = getattr(exporter, "capabilities", None)
+    return declared if isinstance(declared, Capabilities) else DEFAULT_CAPABILITIES
+
+
 @runtime_checkable
 class ScoreExporter(Protocol):
-    """An exporter of score events. `export` is awaited by the exporter's own queue task."""
+    """An exporter of score events. `export` is awaited by the exporter's own queue task.
+
+    Declare `capabilities: Capabilities` when the defaults do not fit (see `capabilities_of`)."""
 
     name: str
 
@@ -34,12 +65,21 @@ class ScoreExporter(Protocol):
         """Flush and release; idempotent."""
 
 
-def carries_content(exporter: object) -> bool:
-    """Whether step content (inputs, outputs, prompts in result metadata) can leave through
-    `exporter`. One that emits only labels and numbers declares `carries_content = False` so the
-    privacy wrapper need not strip what it never reads; undeclared exporters are assumed to carry
-    content, so a new sink is stripped until it says otherwise."""
-    return bool(getattr(exporter, "carries_content", True))
+Handled = Callable[[Sequence[PartitionScores]], None]
+
+
+class DeferredExporter(ScoreExporter, Protocol):
+    """An exporter that declares `deferred_delivery`: it reports when each event left memory."""
+
+    async def export_tracked(self, events: Sequence[PartitionScores], handled: Handled) -> None:
+        """Like export(); `handled([event])` exactly once per event, when it is sent, spooled or failed."""
+
+
+class ExpectationsFollower(Protocol):
+    """An exporter that declares `follows_expectations`."""
+
+    def expectations_reloaded(self, ok: bool) -> None:
+        """A reload was tried (`ok`: it is in use now)."""
 
 
 class FanOutExporter:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -201,3 +202,10 @@ class ScoreEventExporter(Protocol):
     async def shutdown(self) -> None:
         """Flush (or persist) everything accepted; idempotent, safe without start()."""
         ...
+
+
+class AcknowledgingEventExporter(ScoreEventExporter, Protocol):
+    """A score stream that declares `deferred_delivery` (Kafka): export() takes `on_settled`,
+    called once the event was sent, spooled or failed."""
+
+    def export(self, event: ScoreEvent, on_settled: Callable[[], None] | None = None) -> None: ...

@@ -40,6 +40,7 @@ from aiokafka.errors import (
 from aiokafka.helpers import create_ssl_context
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from .base import Capabilities
 from .config import KafkaExporterConfig
 from .events import ScoreEvent
 from .spool import Spool, fsync_and_close
@@ -123,7 +124,7 @@ class KafkaScoreExporter:
     (within the spool's byte bound)."""
 
     name = "kafka"
-    acknowledges_delivery = True
+    capabilities = Capabilities(deferred_delivery=True)
     """export() takes `on_settled`: the service counts an event handled only once it left memory."""
 
     def __init__(

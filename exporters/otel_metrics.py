@@ -20,6 +20,7 @@ from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, V
 from opentelemetry.sdk.resources import Resource
 
 from .. import __version__
+from .base import Capabilities
 from .buckets import SCORE_BUCKETS
 from .config import OtelMetricsExporterConfig
 from .events import ScoreEvent
@@ -51,6 +52,7 @@ class OtelMetricsExporter(SdkProviderStream):
     """Records each ScoreEvent on two SDK instruments; the SDK's reader thread does the export."""
 
     name = "otel_metrics"
+    capabilities = Capabilities(follows_expectations=True)
 
     def __init__(
         self,

@@ -28,6 +28,7 @@ from stepwatch.evaluator.accounting import SpanAccounting
 from stepwatch.evaluator.scores import PartitionScores
 from stepwatch.listen_errors import bind_error
 
+from .base import Capabilities
 from .score_families import FAMILIES, RATIO, exposed_value, family_of
 from .task_keys import UNREGISTERED, TaskKeyCap
 
@@ -207,9 +208,9 @@ class PrometheusExporter:
     """Score metrics from PartitionScores, plus the service's ingest metrics, in one own registry."""
 
     name = "prometheus"
-    carries_content = False
+    capabilities = Capabilities(carries_content=False, follows_expectations=True)
     """Only metric names, task keys, partition types, tenants and numbers leave through /metrics, so
-    PrivateSink hands events over without stripping step content from them (base.carries_content)."""
+    PrivateSink hands events over without stripping step content from them."""
 
     def __init__(
         self,

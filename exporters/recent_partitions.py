@@ -3,7 +3,7 @@ stepwatch.logs) and a ring of the most recent ones for the debug page (/debug/pa
 
 Shows what happened to a partition without a Kafka consumer or a PromQL query: its close reason,
 the task key, whether an expectation matched (and its version), and every metric's score and
-outcome. Only identifiers and numbers: no step content (carries_content = False).
+outcome. Only identifiers and numbers: no step content (`carries_content=False`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepwatch.evaluator.scores import PartitionScores
+
+from .base import Capabilities
 
 log = logging.getLogger("stepwatch.partitions")
 
@@ -67,7 +69,7 @@ class RecentPartitions:
     """ScoreExporter: logs each revision and keeps the last `size` of them, newest last."""
 
     name = "recent_partitions"
-    carries_content = False
+    capabilities = Capabilities(carries_content=False)
 
     def __init__(self, size: int = 200) -> None:
         self._ring: collections.deque[PartitionScores] = collections.deque(maxlen=size)

@@ -13,13 +13,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import cast
 
 from prometheus_client import CollectorRegistry
 
 from stepwatch.evaluator.scores import PartitionScores
 
+from .base import ExpectationsFollower, capabilities_of
 from .config import KafkaExporterConfig, OtelEventsExporterConfig, OtelMetricsExporterConfig, ScoreEventConfig
-from .events import ScoreEvent, ScoreEventExporter, make_score_event
+from .events import AcknowledgingEventExporter, ScoreEvent, ScoreEventExporter, make_score_event
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +111,9 @@ class ScoreStream:
         """`wire`: the conversion shared with the other streams (build_score_streams); alone without."""
         self.inner = inner
         self.name = inner.name
+        self.capabilities = capabilities_of(inner)
+        """The inner exporter's: wire events carry content; Kafka defers delivery; OTel metrics
+        follows expectations."""
         self._wire = wire if wire is not None else SharedWireEvents(events, streams=1)
 
     async def start(self) -> None:
@@ -122,14 +127,8 @@ class ScoreStream:
     def expectations_reloaded(self, ok: bool) -> None:
         """Forwarded to an inner exporter that bounds task keys (OTel metrics), after the service
         swapped the expectations in, so keys a reload removed free their slots as in Prometheus."""
-        reloaded = getattr(self.inner, "expectations_reloaded", None)
-        if reloaded is not None:
-            reloaded(ok)
-
-    @property
-    def defers_handled(self) -> bool:
-        """True when the inner exporter reports when each event left memory (Kafka: sent or spooled)."""
-        return bool(getattr(self.inner, "acknowledges_delivery", False))
+        if self.capabilities.follows_expectations:
+            cast(ExpectationsFollower, self.inner).expectations_reloaded(ok)
 
     async def export_tracked(
         self, events: Sequence[PartitionScores], handled: Callable[[Sequence[PartitionScores]], None]
@@ -152,8 +151,9 @@ class ScoreStream:
                 if left[0] == 0:
                     handled([scores])
 
+            inner = cast(AcknowledgingEventExporter, self.inner)
             for event in wire:
-                self.inner.export(event, settled)  # type: ignore[call-arg]
+                inner.export(event, settled)
 
     async def shutdown(self) -> None:
         await self.inner.shutdown()

@@ -3,7 +3,7 @@
 The write-ahead log (and the Kafka ingest watermark) may only forget a partition once its score
 event is out of the process's memory: exported, or written to an exporter's own spool. Each
 exporter is wrapped so that, when its `export()` returns or fails for a batch, the event's
-countdown drops; an exporter with `defers_handled` (the Kafka stream) reports later instead, when
+countdown drops; an exporter that declares `deferred_delivery` (the Kafka stream) reports later instead, when
 the event was acknowledged by the broker or written to its spool. At zero `on_delivered(event)`
 runs (on the event loop). Events an exporter's queue refused never reach zero: the log's hold
 expiry is the backstop for those.
@@ -12,9 +12,10 @@ expiry is the backstop for those.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import cast
 
 from stepwatch.evaluator.scores import PartitionScores
-from stepwatch.exporters.base import ScoreExporter
+from stepwatch.exporters.base import DeferredExporter, ScoreExporter, capabilities_of
 
 
 class DeliveryTracker:
@@ -46,15 +47,16 @@ class _Tracked:
     def __init__(self, inner: ScoreExporter, tracker: DeliveryTracker) -> None:
         self.inner = inner
         self.name = inner.name
+        self.capabilities = capabilities_of(inner)
         self._tracker = tracker
 
     async def start(self) -> None:
         await self.inner.start()
 
     async def export(self, events: Sequence[PartitionScores]) -> None:
-        if getattr(self.inner, "defers_handled", False):
+        if self.capabilities.deferred_delivery:
             # e.g. Kafka: export() only queues in memory; handled once sent or in the on-disk spool
-            await self.inner.export_tracked(events, self._tracker.handled)  # type: ignore[attr-defined]
+            await cast(DeferredExporter, self.inner).export_tracked(events, self._tracker.handled)
             return
         try:
             await self.inner.export(events)

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 from aiohttp import web
 from google.protobuf.message import DecodeError
@@ -33,7 +34,7 @@ from stepwatch.evaluator.model import Partition
 from stepwatch.evaluator.scorers.judge_registration import judge_scorer_entries
 from stepwatch.evaluator.scorers.registry import ScorerRegistry
 from stepwatch.evaluator.scores import PartitionScores
-from stepwatch.exporters.base import FanOutExporter, ScoreExporter
+from stepwatch.exporters.base import ExpectationsFollower, FanOutExporter, ScoreExporter, capabilities_of
 from stepwatch.exporters.events import root_span_id
 from stepwatch.exporters.judge_metrics import JudgeCollector
 from stepwatch.exporters.prometheus import BufferGauges, MetricsServer, PrometheusExporter
@@ -162,6 +163,9 @@ class Service:
         self.streams = streams
         self.debug = DebugPages(config.debug_pages)  # partition log + ring, rejection ring, /debug/*
         sinks: list[ScoreExporter] = [self.prometheus, *streams, *exporters, *self.debug.exporters]
+        self._expectation_followers = [
+            cast(ExpectationsFollower, sink) for sink in sinks if capabilities_of(sink).follows_expectations
+        ]
         sinks = [
             PrivateSink(sink, lambda tenant: self.policy.privacy(Tenant(tenant)).include_content)
             for sink in sinks
@@ -626,9 +630,8 @@ class Service:
         self.tenant_expectations.replace(tenant, store)
         if tenant == DEFAULT_TENANT.name:
             self.expectations = store
-        self.prometheus.expectations_reloaded(True)
-        for stream in self.streams:
-            stream.expectations_reloaded(True)
+        for follower in self._expectation_followers:
+            follower.expectations_reloaded(True)
 
     def _auth_rejected(self, protocol: str, spans: int) -> None:
         """A request without a valid token: its spans are received and rejected (reason auth)."""

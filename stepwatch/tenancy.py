@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from stepwatch.evaluator.buffer import SpanRecord
 from stepwatch.evaluator.content import strip_content
@@ -22,7 +22,7 @@ from stepwatch.evaluator.model import Span
 from stepwatch.evaluator.pipeline import AttributeSelection
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.evaluator.scorers.base import ScoringInput
-from stepwatch.exporters.base import carries_content as declares_content
+from stepwatch.exporters.base import DeferredExporter, capabilities_of
 from stepwatch.receiver.origin import OriginCache
 from stepwatch.receiver.records import decode_records, decode_records_for_limits
 from stepwatch.security.auth import AuthConfigError
@@ -252,20 +252,17 @@ class PrivateSink:
     """A ScoreExporter wrapper that strips step content (inputs, outputs, prompts) from result
     metadata before the inner exporter sees it, unless the event's tenant has include_content on.
 
-    An inner exporter that declares it carries no content (`carries_content = False`, e.g.
-    Prometheus) gets the events as they are: it never reads metadata, and stripping every event
+    An inner exporter that declares it carries no content (`Capabilities(carries_content=False)`,
+    e.g. Prometheus) gets the events as they are: it never reads metadata, and stripping every event
     for it was most of its export cost."""
 
     def __init__(self, inner: Any, include_content: Callable[[str], bool]) -> None:
         self.inner = inner
         self.name = inner.name
         self._include = include_content
-        self._strips = declares_content(inner)
-
-    @property
-    def carries_content(self) -> bool:
+        self.capabilities = capabilities_of(inner)
         """Forwarded, so wrapping twice still skips the strip for a content-free exporter."""
-        return self._strips
+        self._strips = self.capabilities.carries_content
 
     async def start(self) -> None:
         await self.inner.start()
@@ -276,16 +273,12 @@ class PrivateSink:
             return
         await self.inner.export([self._strip(event) for event in events])
 
-    @property
-    def defers_handled(self) -> bool:
-        """Forwarded: the Kafka stream reports each event handled only once sent or spooled."""
-        return bool(getattr(self.inner, "defers_handled", False))
-
     async def export_tracked(self, events: Sequence[Any], handled: Callable[[Sequence[Any]], None]) -> None:
-        """export() for a `defers_handled` inner exporter; `handled` gets the caller's events back
-        (the delivery tracker knows them, not the stripped copies)."""
+        """export() for an inner exporter with `deferred_delivery`; `handled` gets the caller's
+        events back (the delivery tracker knows them, not the stripped copies)."""
+        inner = cast(DeferredExporter, self.inner)
         if not self._strips:
-            await self.inner.export_tracked(list(events), handled)
+            await inner.export_tracked(list(events), handled)
             return
         stripped = [self._strip(event) for event in events]
         originals = {id(copy): event for copy, event in zip(stripped, events, strict=True)}
@@ -293,7 +286,7 @@ class PrivateSink:
         def done(copies: Sequence[Any]) -> None:
             handled([originals.pop(id(copy), copy) for copy in copies])
 
-        await self.inner.export_tracked(stripped, done)
+        await inner.export_tracked(stripped, done)
 
     def _strip(self, event: Any) -> Any:
         """The event without content; the event itself when its tenant allows content or none of

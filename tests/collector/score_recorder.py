@@ -22,6 +22,7 @@ from typing import IO
 from stepwatch.commands.serve import add_arguments, flag_overrides
 from stepwatch.config import load_config
 from stepwatch.evaluator.scores import PartitionScores
+from stepwatch.exporters.base import Capabilities
 from stepwatch.exporters.events import compute_event_id
 from stepwatch.service import Service
 
@@ -56,7 +57,7 @@ class JsonLinesExporter:
     """Appends one JSON line per score event; the test reads the file while serve runs."""
 
     name = "jsonl-recorder"
-    carries_content = False
+    capabilities = Capabilities(carries_content=False)
 
     def __init__(self, path: Path) -> None:
         self._path = path

@@ -13,7 +13,7 @@ from stepwatch.evaluator.content import has_content, strip_content
 from stepwatch.evaluator.model import Span
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.evaluator.scores import PartitionScores
-from stepwatch.exporters.base import InMemoryScoreExporter, carries_content
+from stepwatch.exporters.base import Capabilities, InMemoryScoreExporter, capabilities_of
 from stepwatch.exporters.prometheus import PrometheusExporter
 from stepwatch.security.config import (
     PrivacyConfig,
@@ -164,14 +164,14 @@ def _scores_with_content(tenant: str) -> PartitionScores:
 
 
 class _ContentFreeSink(InMemoryScoreExporter):
-    carries_content = False
+    capabilities = Capabilities(carries_content=False)
 
 
 async def test_a_content_free_sink_skips_the_strip_while_a_content_sink_still_strips():
     """Prometheus declares it carries no content, so it gets the events untouched (nothing of the
     metadata reaches /metrics); any other sink still gets content stripped unless its tenant allows it."""
-    assert not carries_content(PrometheusExporter(10, lambda key: True))
-    assert carries_content(InMemoryScoreExporter())  # undeclared: assumed to carry content
+    assert not capabilities_of(PrometheusExporter(10, lambda key: True)).carries_content
+    assert capabilities_of(InMemoryScoreExporter()).carries_content  # undeclared: assumed to carry content
     events = [_scores_with_content("a"), _scores_with_content("open")]
     allow = {"open"}.__contains__
     calls: list[str] = []
@@ -183,7 +183,7 @@ async def test_a_content_free_sink_skips_the_strip_while_a_content_sink_still_st
     free, full = PrivateSink(_ContentFreeSink(), spy), PrivateSink(InMemoryScoreExporter(), allow)
     await free.export(events)
     await full.export(events)
-    assert not calls and not free.carries_content
+    assert not calls and not free.capabilities.carries_content
     assert all(got is sent for got, sent in zip(free.inner.events, events, strict=True))
     stripped, allowed = full.inner.events
     assert stripped.results[0].metadata == {"steps": [{"op": "match"}], "edit_distance": 0}
