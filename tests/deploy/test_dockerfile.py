@@ -8,16 +8,19 @@ import fnmatch
 import json
 import os
 import shutil
+import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
 import pytest
 from deploy_support import DEPLOY, REPO, run
+from shared_paths import CORPUS
 
 DOCKERFILE = DEPLOY / "Dockerfile"
 PACKAGE_DIRS = {
-    "stepwatch": "stepwatch",
+    "app": "stepwatch",
     "receiver": "stepwatch/receiver",
     "evaluator": "stepwatch/evaluator",
     "exporters": "stepwatch/exporters",
@@ -110,7 +113,7 @@ def test_every_copied_file_exists_and_is_in_the_build_context() -> None:
             for source in sources:
                 assert (REPO / source).exists(), source
                 assert _in_context(source.rstrip("/")), f".dockerignore excludes {source}"
-    for excluded in (".venv", ".git", "tests/deploy/test_dockerfile.py", "bench", "stepwatch/__pycache__"):
+    for excluded in (".venv", ".git", "tests/deploy/test_dockerfile.py", "bench", "app/__pycache__"):
         assert not _in_context(excluded), excluded
 
 
@@ -118,7 +121,9 @@ def test_builder_stage_wheel_holds_every_module_and_the_cli(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Reproduce `pip wheel --no-deps .` on the files the context admits, as the builder stage does
-    (CI's wheel build: the native span core included)."""
+    (CI's wheel build: the native span core included), install it as a regular (non-editable)
+    package and run it from the repository root, where a source folder named like the package
+    would shadow it."""
     # cargo's incremental cache, as `make` sets it, so this is not a from-scratch Rust build
     monkeypatch.setenv(
         "CARGO_TARGET_DIR", os.environ.get("CARGO_TARGET_DIR", str(REPO / ".cache" / "cargo-target"))
@@ -159,3 +164,35 @@ def test_builder_stage_wheel_holds_every_module_and_the_cli(
                 continue
             target = f"{installed_as}/{module.relative_to(REPO / folder).as_posix()}"
             assert target in names, f"the image would lack {target}: add its package to pyproject.toml"
+    _smoke_test_installed(wheel, tmp_path / "site")
+
+
+def _smoke_test_installed(wheel: Path, site: Path) -> None:
+    """The wheel installed into its own folder, imported and run from the repository root with
+    only that folder and the dependencies on the path (no editable finder, no source tree)."""
+    installed = run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(site), str(wheel)])
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    trace = CORPUS / "pai_trip_parallel_tools.pb"
+    script = (
+        "import sys, stepwatch, stepwatch.receiver.spancore as core, stepwatch.service\n"
+        "from stepwatch.cli import main\n"
+        "print(stepwatch.__file__, core.AVAILABLE, flush=True)\n"
+        "sys.exit(main(['score', sys.argv[1], '--expected-steps', '[\"get_weather\"]', '--format', 'json']))\n"
+    )
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": os.pathsep.join([str(site), sysconfig.get_paths()["purelib"]]),
+    }
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", script, str(trace)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    first, *records = result.stdout.splitlines()
+    where, available = first.split()
+    assert where.startswith(str(site)) and available == "True", result.stdout
+    assert [json.loads(r)["task_key"] for r in records] == ["trip_planner"], result.stdout

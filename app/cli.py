@@ -1,4 +1,4 @@
-"""`stepwatch` command line: one subcommand per module in stepwatch/commands/.
+"""`stepwatch` command line: one subcommand per module in app/commands/.
 
 Each command module exposes HELP (one line), add_arguments(parser) and run(args) -> exit code, and
 imports its heavy dependencies inside run() so that `stepwatch --help` stays fast.
