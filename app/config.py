@@ -116,50 +116,9 @@ class ReceiversConfig(Section):
     kafka: KafkaReceiverConfig = KafkaReceiverConfig()
 
 
-class BufferConfig(Section):
-    trace_idle_timeout: float = Field(
-        default=2.0,
-        gt=0,
-        description="Seconds with no new span, after the root span ended, to close a trace.",
-    )
-    rootless_trace_idle_timeout: float | None = Field(
-        default=None,
-        gt=0,
-        description="Seconds with no new span to close a trace whose root never arrived; "
-        "default max(30, trace_idle_timeout).",
-    )
-    max_trace_age: float = Field(
-        default=300.0, gt=0, description="Seconds after its first span a trace is closed."
-    )
-    session_idle_timeout: float = Field(
-        default=30.0, gt=0, description="Seconds with no span in any of its traces to close a session."
-    )
-    max_session_age: float = Field(
-        default=3600.0, gt=0, description="Seconds after its first span a session is closed."
-    )
-    late_span_window: float = Field(
-        default=60.0,
-        ge=0,
-        description="Seconds after a partition closed during which late spans re-score it as a new revision.",
-    )
-    max_buffered_spans: int = Field(
-        default=500_000,
-        ge=1,
-        description="Spans held in open partitions or awaiting scoring; beyond it receivers push back.",
-    )
-    max_spans_per_trace: int = Field(
-        default=10_000, ge=1, description="A trace reaching this many spans is closed early (reason `limit`)."
-    )
-    max_traces_per_session: int = Field(
-        default=1_000,
-        ge=1,
-        description="A session reaching this many traces is closed early (reason `limit`).",
-    )
-    max_retained_spans: int = Field(
-        default=100_000,
-        ge=0,
-        description="Spans of closed partitions kept for late-span revisions; the oldest are forgotten first.",
-    )
+class BufferConfig(BufferLimits):
+    """The buffer's limits (evaluator/buffer.py) and how the service drives it."""
+
     retry_after: float = Field(
         default=1.0,
         gt=0,
@@ -169,53 +128,9 @@ class BufferConfig(Section):
         default=0.05, gt=0, le=5, description="Seconds between close-detection sweeps."
     )
 
-    @model_validator(mode="after")
-    def _ordered(self) -> BufferConfig:
-        if (
-            self.rootless_trace_idle_timeout is not None
-            and self.rootless_trace_idle_timeout < self.trace_idle_timeout
-        ):
-            raise ValueError("rootless_trace_idle_timeout must be >= trace_idle_timeout")
-        if self.max_trace_age < self.trace_idle_timeout:
-            raise ValueError("max_trace_age must be >= trace_idle_timeout")
-        if self.max_session_age < self.session_idle_timeout:
-            raise ValueError("max_session_age must be >= session_idle_timeout")
-        return self
 
-    def limits(self) -> BufferLimits:
-        return BufferLimits(
-            trace_idle_timeout=self.trace_idle_timeout,
-            rootless_trace_idle_timeout=self.rootless_trace_idle_timeout
-            or max(30.0, self.trace_idle_timeout),
-            max_trace_age=self.max_trace_age,
-            session_idle_timeout=self.session_idle_timeout,
-            max_session_age=self.max_session_age,
-            late_span_window=self.late_span_window,
-            max_buffered_spans=self.max_buffered_spans,
-            max_spans_per_trace=self.max_spans_per_trace,
-            max_traces_per_session=self.max_traces_per_session,
-            max_retained_spans=self.max_retained_spans,
-        )
-
-
-class LedgerConfig(Section):
+class LedgerConfig(LedgerLimits):
     """The decision ledger of closed traces (docs/serve.md, "Retries, duplicates and the ledger")."""
-
-    retention: float = Field(
-        default=300.0,
-        gt=0,
-        description="Seconds a closed trace's span ids are remembered after its last change, so a "
-        "retry is a duplicate (at least buffer.late_span_window; the Collector retries for up to 300 s).",
-    )
-    max_bytes: int = Field(
-        default=64 * 2**20,
-        ge=1,
-        description="Memory bound of the ledger; beyond it the oldest entries are evicted "
-        "(stepwatch_ledger_evictions_total) and their traces' later spans are late, never re-scored.",
-    )
-
-    def limits(self) -> LedgerLimits:
-        return LedgerLimits(retention=self.retention, max_bytes=self.max_bytes)
 
 
 class PartitioningConfig(Section):

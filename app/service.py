@@ -109,9 +109,9 @@ class Service:
         self.limits = sec.limits
         self.scope = TenantScope(sec)
         self.policy = TenantPolicy(sec, config.expectations.file)
-        buffer_limits = config.buffer.limits()
+        buffer_limits = config.buffer
         self._origins = OriginCache()  # decoded resources and scopes of buffered spans
-        self.ledger = DecisionLedger(config.ledger.limits(), self.clock.monotonic)
+        self.ledger = DecisionLedger(config.ledger, self.clock.monotonic)
         self.buffer = PartitionBuffer(buffer_limits, self.accounting, self.clock.monotonic, self.ledger)
         limits = config.buffer
         prom = config.exporters.prometheus

@@ -89,7 +89,7 @@ async def _one_round(requests: list[bytes], expectations: Path, data_dir: Path, 
     }
     service = Service(load_config(None, environ=environ), clock=clock)
     if forgetful:
-        service.ledger = _Forgetful(service.config.ledger.limits(), clock.monotonic)
+        service.ledger = _Forgetful(service.config.ledger, clock.monotonic)
         service.buffer.ledger = service.ledger
         service.decisions = None
     await service.start()

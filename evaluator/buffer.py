@@ -29,6 +29,9 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .accounting import SpanAccounting
 from .ledger import DecisionLedger, LedgerLimits
@@ -42,20 +45,73 @@ ROOT_ENDED = 1
 """`flags` bit: the span has no parent and has ended (an SDK exports a span when it ends)."""
 
 
-@dataclass(frozen=True, slots=True)
-class BufferLimits:
-    """Timeouts in seconds and capacity limits; see docs/configuration.md (`buffer:`)."""
+class BufferLimits(BaseModel):
+    """Timeouts in seconds and capacity limits: the `buffer:` config section (docs/configuration.md)."""
 
-    trace_idle_timeout: float = 2.0
-    rootless_trace_idle_timeout: float = 30.0
-    max_trace_age: float = 300.0
-    session_idle_timeout: float = 30.0
-    max_session_age: float = 3600.0
-    late_span_window: float = 60.0
-    max_buffered_spans: int = 500_000
-    max_spans_per_trace: int = 10_000
-    max_traces_per_session: int = 1_000
-    max_retained_spans: int = 100_000
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    trace_idle_timeout: float = Field(
+        default=2.0,
+        gt=0,
+        description="Seconds with no new span, after the root span ended, to close a trace.",
+    )
+    rootless_trace_idle_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds with no new span to close a trace whose root never arrived; "
+        "default max(30, trace_idle_timeout).",
+    )
+    max_trace_age: float = Field(
+        default=300.0, gt=0, description="Seconds after its first span a trace is closed."
+    )
+    session_idle_timeout: float = Field(
+        default=30.0, gt=0, description="Seconds with no span in any of its traces to close a session."
+    )
+    max_session_age: float = Field(
+        default=3600.0, gt=0, description="Seconds after its first span a session is closed."
+    )
+    late_span_window: float = Field(
+        default=60.0,
+        ge=0,
+        description="Seconds after a partition closed during which late spans re-score it as a new revision.",
+    )
+    max_buffered_spans: int = Field(
+        default=500_000,
+        ge=1,
+        description="Spans held in open partitions or awaiting scoring; beyond it receivers push back.",
+    )
+    max_spans_per_trace: int = Field(
+        default=10_000, ge=1, description="A trace reaching this many spans is closed early (reason `limit`)."
+    )
+    max_traces_per_session: int = Field(
+        default=1_000,
+        ge=1,
+        description="A session reaching this many traces is closed early (reason `limit`).",
+    )
+    max_retained_spans: int = Field(
+        default=100_000,
+        ge=0,
+        description="Spans of closed partitions kept for late-span revisions; the oldest are forgotten first.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _rootless_default(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("rootless_trace_idle_timeout") is None:
+            idle = data.get("trace_idle_timeout", 2.0)
+            if isinstance(idle, int | float):
+                data = {**data, "rootless_trace_idle_timeout": max(30.0, float(idle))}
+        return data
+
+    @model_validator(mode="after")
+    def _ordered(self) -> BufferLimits:
+        if self.rootless_trace_idle_timeout < self.trace_idle_timeout:
+            raise ValueError("rootless_trace_idle_timeout must be >= trace_idle_timeout")
+        if self.max_trace_age < self.trace_idle_timeout:
+            raise ValueError("max_trace_age must be >= trace_idle_timeout")
+        if self.max_session_age < self.session_idle_timeout:
+            raise ValueError("max_session_age must be >= session_idle_timeout")
+        return self
 
 
 @dataclass(slots=True)

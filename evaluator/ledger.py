@@ -25,7 +25,8 @@ from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
 
 SPAN_ID_BYTES = 8
 ENTRY_OVERHEAD_BYTES = 300
@@ -33,12 +34,23 @@ ENTRY_OVERHEAD_BYTES = 300
 (bench/bench_ledger.py prints the measured bytes per closed trace next to this estimate)."""
 
 
-@dataclass(frozen=True, slots=True)
-class LedgerLimits:
-    """See docs/configuration.md (`ledger:`)."""
+class LedgerLimits(BaseModel):
+    """The `ledger:` config section (docs/configuration.md)."""
 
-    retention: float = 300.0
-    max_bytes: int = 64 * 1024 * 1024
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    retention: float = Field(
+        default=300.0,
+        gt=0,
+        description="Seconds a closed trace's span ids are remembered after its last change, so a "
+        "retry is a duplicate (at least buffer.late_span_window; the Collector retries for up to 300 s).",
+    )
+    max_bytes: int = Field(
+        default=64 * 2**20,
+        ge=1,
+        description="Memory bound of the ledger; beyond it the oldest entries are evicted "
+        "(stepwatch_ledger_evictions_total) and their traces' later spans are late, never re-scored.",
+    )
 
 
 class Seen:

@@ -137,7 +137,7 @@ def test_partition_size_limits_live_under_buffer_and_the_old_key_names_the_new_o
     with pytest.raises(ConfigError, match=f"from {variable}\\): moved to buffer.{key}"):
         load_config(None, environ={variable: "5"})
     config = load_config(None, environ={f"STEPWATCH_BUFFER__{key.upper()}": "5"})
-    assert getattr(config.buffer.limits(), key) == 5
+    assert getattr(config.buffer, key) == 5
     assert key not in config.security.limits.model_dump()
 
 

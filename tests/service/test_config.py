@@ -16,7 +16,7 @@ def test_defaults_are_valid_and_listen_on_the_otlp_ports() -> None:
         "localhost:4318",
     )
     assert config.exporters.prometheus.endpoint == "localhost:9464"
-    assert config.buffer.limits().rootless_trace_idle_timeout == 30.0
+    assert config.buffer.rootless_trace_idle_timeout == 30.0
     assert "trace_idle_timeout: 2.0" in effective_yaml(config)
 
 
