@@ -32,7 +32,7 @@ from stepwatch.exporters.config import (
     ScoreEventConfig,
 )
 from stepwatch.receiver.kafka_ingest import KafkaIngestConfig
-from stepwatch.receiver.wal import WalConfig
+from stepwatch.receiver.wal import WalConfig, WalPolicy
 from stepwatch.security.config import SecurityConfig
 
 ENV_PREFIX = "STEPWATCH_"
@@ -199,39 +199,20 @@ class ExportersConfig(Section):
     )
 
 
-class DurabilityConfig(Section):
-    """Write-ahead log for OTLP gRPC/HTTP spans (docs/durability.md); on when `data_dir` is set."""
+class DurabilityConfig(WalPolicy):
+    """Write-ahead log for OTLP gRPC/HTTP spans (docs/durability.md); on when `data_dir` is set.
+    Its sync and size fields are the log's own policy (receiver/wal.py)."""
 
     data_dir: Path | None = Field(
         default=None, description="State directory; the write-ahead log lives in DATA_DIR/wal. Unset: no log."
     )
     wal: bool = Field(default=True, description="Log accepted spans when data_dir is set (--no-wal: off).")
-    fsync: Literal["always", "interval", "never"] = Field(
-        default="interval",
-        description="always | interval (an OS crash loses at most fsync_interval_ms) | never.",
-    )
-    fsync_interval_ms: int = Field(default=100, ge=1, le=60_000)
-    segment_bytes: int = Field(default=64 * 2**20, ge=64 * 1024, description="Size cap of one segment file.")
-    max_bytes: int = Field(
-        default=2 * 2**30,
-        description="Disk bound of the log; at the bound receivers push back (429/RESOURCE_EXHAUSTED).",
-    )
-
-    @model_validator(mode="after")
-    def _valid_wal(self) -> DurabilityConfig:
-        self.wal_config()
-        return self
 
     def wal_config(self) -> WalConfig | None:
         if self.data_dir is None or not self.wal:
             return None
-        return WalConfig(
-            directory=self.data_dir / "wal",
-            fsync=self.fsync,
-            fsync_interval_ms=self.fsync_interval_ms,
-            segment_bytes=self.segment_bytes,
-            max_bytes=self.max_bytes,
-        )
+        policy = self.model_dump(include=set(WalPolicy.model_fields))
+        return WalConfig(directory=self.data_dir / "wal", **policy)
 
 
 class LogSamplingConfig(Section):

@@ -44,12 +44,11 @@ _SEGMENT_NAME = re.compile(r"^(\d{20})\.wal$")
 _MIB = 1024 * 1024
 
 
-class WalConfig(BaseModel):
-    """Where the log lives, when it syncs, and how much disk it may use."""
+class WalPolicy(BaseModel):
+    """When the log syncs and how much disk it may use: the `durability:` config section's fields."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    directory: Path = Field(description="Directory of the segment files (created if missing).")
     fsync: FsyncPolicy = Field(
         default="interval",
         description="always: fsync each group-commit batch before acknowledging it; interval: fsync "
@@ -59,17 +58,25 @@ class WalConfig(BaseModel):
     fsync_interval_ms: int = Field(default=100, ge=1, le=60_000)
     segment_bytes: int = Field(default=64 * _MIB, ge=64 * 1024, description="Size cap of one segment file.")
     max_bytes: int = Field(
-        default=2048 * _MIB, description="Disk bound of all segments; appends beyond it raise WalFull."
+        default=2048 * _MIB,
+        description="Disk bound of all segments; at the bound appends raise WalFull and the receivers "
+        "push back (429/RESOURCE_EXHAUSTED).",
     )
 
     @model_validator(mode="after")
-    def _bound_holds_two_segments(self) -> WalConfig:
+    def _bound_holds_two_segments(self) -> WalPolicy:
         if self.max_bytes < 2 * self.segment_bytes:
             raise ValueError(
-                f"wal.max_bytes ({self.max_bytes}) must be at least twice wal.segment_bytes "
+                f"max_bytes ({self.max_bytes}) must be at least twice segment_bytes "
                 f"({self.segment_bytes}): space is freed a whole segment at a time"
             )
         return self
+
+
+class WalConfig(WalPolicy):
+    """Where the log lives, with its policy."""
+
+    directory: Path = Field(description="Directory of the segment files (created if missing).")
 
 
 class WalFull(Exception):
