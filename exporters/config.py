@@ -6,12 +6,13 @@ the YAML: SASL credentials are read from environment variables named here.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal
 
 from aiokafka.codec import has_gzip, has_lz4, has_snappy, has_zstd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from stepwatch.kafka_client import KafkaClientConfig
 
 _CODECS = {"gzip": has_gzip, "snappy": has_snappy, "lz4": has_lz4, "zstd": has_zstd}
 
@@ -64,13 +65,12 @@ class SpoolConfig(_Section):
         return self
 
 
-class KafkaExporterConfig(_Section):
-    """Kafka score events: one JSON ScoreEvent per record, keyed by partition id."""
+class KafkaExporterConfig(KafkaClientConfig):
+    """Kafka score events: one JSON ScoreEvent per record, keyed by partition id. The connection
+    fields (bootstrap_servers, client_id, security_protocol, tls, sasl) are the Kafka receiver's too."""
 
     enabled: bool = Field(default=False, description="Produce score events to Kafka.")
-    bootstrap_servers: list[str] = Field(default=["localhost:9092"], description="host:port of brokers.")
     topic: str = Field(default="stepwatch.scores", min_length=1, description="Topic the events go to.")
-    client_id: str = Field(default="stepwatch", description="Kafka client id.")
     acks: Literal["all", 1] = Field(
         default="all", description="all: a record counts as sent once every in-sync replica has it."
     )
@@ -111,20 +111,6 @@ class KafkaExporterConfig(_Section):
     shutdown_timeout_seconds: float = Field(
         default=10.0, ge=0, description="How long shutdown tries to deliver before spooling what is left."
     )
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    ssl_cafile: Path | None = Field(
-        default=None, description="CA bundle that signs the brokers' certificates."
-    )
-    ssl_certfile: Path | None = Field(default=None, description="Client certificate (mutual TLS).")
-    ssl_keyfile: Path | None = Field(default=None, description="Client private key (mutual TLS).")
-    ssl_check_hostname: bool = Field(default=True, description="Verify the broker's hostname.")
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
-    sasl_username_env: str = Field(
-        default="STEPWATCH_KAFKA_SASL_USERNAME", description="Environment variable holding the SASL username."
-    )
-    sasl_password_env: str = Field(
-        default="STEPWATCH_KAFKA_SASL_PASSWORD", description="Environment variable holding the SASL password."
-    )
     spool: SpoolConfig = Field(default_factory=SpoolConfig)
 
     @model_validator(mode="after")
@@ -134,26 +120,9 @@ class KafkaExporterConfig(_Section):
                 f"kafka.compression {self.compression!r} needs the cramjam package "
                 "(pip install 'stepwatch[kafka-codecs]'), or use gzip"
             )
-        if self.sasl_mechanism and not self.security_protocol.startswith("SASL"):
-            raise ValueError("kafka.sasl_mechanism needs kafka.security_protocol SASL_PLAINTEXT or SASL_SSL")
-        if self.security_protocol.startswith("SASL") and not self.sasl_mechanism:
-            raise ValueError(f"kafka.security_protocol {self.security_protocol} needs kafka.sasl_mechanism")
-        if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
-            raise ValueError("kafka.ssl_certfile and kafka.ssl_keyfile go together")
         if self.enable_idempotence and self.acks != "all":
             raise ValueError("kafka.enable_idempotence needs kafka.acks all")
         return self
-
-    def sasl_credentials(self) -> tuple[str, str]:
-        """Read at connect time so a rotated secret is picked up on reconnect."""
-        user = os.environ.get(self.sasl_username_env)
-        password = os.environ.get(self.sasl_password_env)
-        if not user or not password:
-            raise ValueError(
-                f"kafka.sasl_mechanism {self.sasl_mechanism} needs ${self.sasl_username_env} and "
-                f"${self.sasl_password_env} set"
-            )
-        return user, password
 
 
 class OtlpConfig(_Section):

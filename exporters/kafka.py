@@ -37,7 +37,6 @@ from aiokafka.errors import (
     RecordTooLargeError,
     UnsupportedForMessageFormatError,
 )
-from aiokafka.helpers import create_ssl_context
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .base import Capabilities
@@ -400,8 +399,7 @@ class KafkaScoreExporter:
     async def _connect(self) -> None:
         cfg = self.config
         options: dict[str, Any] = {
-            "bootstrap_servers": cfg.bootstrap_servers,
-            "client_id": cfg.client_id,
+            **cfg.client_options(),
             "acks": cfg.acks,
             "compression_type": None if cfg.compression == "none" else cfg.compression,
             "linger_ms": cfg.linger_ms,
@@ -410,19 +408,7 @@ class KafkaScoreExporter:
             "request_timeout_ms": cfg.request_timeout_ms,
             "retry_backoff_ms": cfg.retry_backoff_ms,
             "enable_idempotence": cfg.enable_idempotence,
-            "security_protocol": cfg.security_protocol,
         }
-        if cfg.security_protocol in ("SSL", "SASL_SSL"):
-            context = create_ssl_context(
-                cafile=cfg.ssl_cafile, certfile=cfg.ssl_certfile, keyfile=cfg.ssl_keyfile
-            )
-            context.check_hostname = cfg.ssl_check_hostname
-            options["ssl_context"] = context
-        if cfg.sasl_mechanism:
-            user, password = cfg.sasl_credentials()
-            options.update(
-                sasl_mechanism=cfg.sasl_mechanism, sasl_plain_username=user, sasl_plain_password=password
-            )
         producer = self._producer_factory(**options)
         try:
             await producer.start()

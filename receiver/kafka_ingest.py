@@ -17,15 +17,15 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
-from aiokafka.helpers import create_ssl_context
 from prometheus_client import CollectorRegistry, Gauge
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import Field
+
+from stepwatch.kafka_client import KafkaClientConfig
 
 from .encodings import Encoding
 from .offsets import OffsetTracker
@@ -33,12 +33,10 @@ from .offsets import OffsetTracker
 log = logging.getLogger(__name__)
 
 
-class KafkaIngestConfig(BaseModel):
-    """The consumer group, the topic and its encoding, and TLS/SASL passed through to aiokafka."""
+class KafkaIngestConfig(KafkaClientConfig):
+    """The consumer group, the topic and its encoding; the connection fields (bootstrap_servers,
+    client_id, security_protocol, tls, sasl) are the Kafka exporter's too (app/kafka_client.py)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    bootstrap_servers: str = Field(default="localhost:9092", description="Comma-separated host:port list.")
     topic: str = Field(
         default="otlp_spans", description="The Collector kafka exporter's default traces topic."
     )
@@ -50,56 +48,26 @@ class KafkaIngestConfig(BaseModel):
     group_instance_id: str | None = Field(
         default=None, description="Static membership: keep partitions across a quick restart."
     )
-    client_id: str = "stepwatch"
     commit_interval_ms: int = Field(default=1000, ge=10, description="How often watermarks are committed.")
     max_poll_records: int = Field(default=100, ge=1)
     session_timeout_ms: int = Field(default=10_000, ge=1000)
     heartbeat_interval_ms: int = Field(default=3000, ge=100)
     max_partition_fetch_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     retry_backoff_ms: int = Field(default=100, ge=1, description="First wait when the sink pushes back.")
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
-    tls_ca_file: Path | None = None
-    tls_cert_file: Path | None = None
-    tls_key_file: Path | None = None
-
-    @model_validator(mode="after")
-    def _check_security(self) -> KafkaIngestConfig:
-        if self.security_protocol.startswith("SASL") and self.sasl_mechanism is None:
-            raise ValueError(f"receivers.kafka.sasl_mechanism is required with {self.security_protocol}")
-        if (self.tls_cert_file is None) != (self.tls_key_file is None):
-            raise ValueError("receivers.kafka.tls_cert_file and receivers.kafka.tls_key_file go together")
-        return self
 
     def consumer_kwargs(self) -> dict[str, Any]:
         """AIOKafkaConsumer arguments: manual commits, our rebalance handling."""
         kwargs: dict[str, Any] = {
-            "bootstrap_servers": self.bootstrap_servers,
+            **self.client_options(),
             "group_id": self.group_id,
             "group_instance_id": self.group_instance_id,
-            "client_id": self.client_id,
             "enable_auto_commit": False,
             "auto_offset_reset": self.initial_offset,
             "max_poll_records": self.max_poll_records,
             "session_timeout_ms": self.session_timeout_ms,
             "heartbeat_interval_ms": self.heartbeat_interval_ms,
             "max_partition_fetch_bytes": self.max_partition_fetch_bytes,
-            "security_protocol": self.security_protocol,
         }
-        if self.sasl_mechanism is not None:
-            kwargs["sasl_mechanism"] = self.sasl_mechanism
-            kwargs["sasl_plain_username"] = self.sasl_username
-            kwargs["sasl_plain_password"] = (
-                self.sasl_password.get_secret_value() if self.sasl_password is not None else None
-            )
-        if self.security_protocol in ("SSL", "SASL_SSL"):
-            kwargs["ssl_context"] = create_ssl_context(
-                cafile=str(self.tls_ca_file) if self.tls_ca_file else None,
-                certfile=str(self.tls_cert_file) if self.tls_cert_file else None,
-                keyfile=str(self.tls_key_file) if self.tls_key_file else None,
-            )
         return kwargs
 
 

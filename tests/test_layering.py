@@ -61,3 +61,28 @@ def test_the_check_sees_a_violation(tmp_path: Path) -> None:
     assert _imports(module, "evaluator", tmp_path) == {"exporters", "receiver"}
     module.write_text("from ..model import Span\nfrom . import base\n")
     assert _imports(module, "evaluator", tmp_path) == {"evaluator"}
+
+
+LEAVES = ("kafka_client", "listen_errors", "security")
+"""Parts of the root package (app/) that receiver/ and exporters/ may import: they import neither
+of them (the evaluator they may), so no cycle runs through the root."""
+
+
+@pytest.mark.parametrize("leaf", LEAVES)
+def test_shared_root_modules_are_leaves(leaf: str) -> None:
+    path = REPO / "app" / leaf
+    modules = sorted(path.rglob("*.py")) if path.is_dir() else [path.with_suffix(".py")]
+    for module in modules:
+        imported = _imports(module, "app") & {"receiver", "exporters"}
+        assert not imported, f"{module.relative_to(REPO)} imports {sorted(imported)}"
+
+
+def test_receiver_and_exporters_import_only_the_root_leaves() -> None:
+    """Beyond the evaluator, only the leaves: never the service, the config or the commands."""
+    root_modules = {path.stem for path in (REPO / "app").iterdir()} - {"__init__", "__pycache__"}
+    for package in ("receiver", "exporters"):
+        for path in (REPO / package).rglob("*.py"):
+            used = _imports(path, package) & root_modules
+            assert used <= set(LEAVES), (
+                f"{path.relative_to(REPO)} imports stepwatch.{sorted(used - set(LEAVES))}"
+            )

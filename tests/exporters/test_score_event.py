@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 from datetime import UTC, datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
 from aiokafka.codec import has_snappy
@@ -163,10 +162,10 @@ def test_kafka_config_rules() -> None:
     if not has_snappy():
         with pytest.raises(ValidationError, match="cramjam"):
             KafkaExporterConfig(compression="snappy")
-    with pytest.raises(ValidationError, match="sasl_mechanism"):
+    with pytest.raises(ValidationError, match=r"sasl\.mechanism is required"):
         KafkaExporterConfig(security_protocol="SASL_SSL")
     with pytest.raises(ValidationError, match="go together"):
-        KafkaExporterConfig(security_protocol="SSL", ssl_certfile=Path("c.pem"))
+        KafkaExporterConfig.model_validate({"security_protocol": "SSL", "tls": {"cert_file": "c.pem"}})
     with pytest.raises(ValidationError, match="segment_bytes"):
         SpoolConfig(max_bytes=8192, segment_bytes=16384)
     with pytest.raises(ValidationError):
@@ -174,10 +173,13 @@ def test_kafka_config_rules() -> None:
 
 
 def test_sasl_credentials_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    config = KafkaExporterConfig(security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN")
+    config = KafkaExporterConfig.model_validate(
+        {"security_protocol": "SASL_PLAINTEXT", "sasl": {"mechanism": "PLAIN"}}
+    )
     monkeypatch.delenv("STEPWATCH_KAFKA_SASL_PASSWORD", raising=False)
     monkeypatch.setenv("STEPWATCH_KAFKA_SASL_USERNAME", "svc")
     with pytest.raises(ValueError, match="STEPWATCH_KAFKA_SASL_PASSWORD"):
-        config.sasl_credentials()
+        config.client_options()
     monkeypatch.setenv("STEPWATCH_KAFKA_SASL_PASSWORD", "s3cret")
-    assert config.sasl_credentials() == ("svc", "s3cret")
+    options = config.client_options()
+    assert (options["sasl_plain_username"], options["sasl_plain_password"]) == ("svc", "s3cret")
