@@ -37,6 +37,7 @@ from stepwatch.evaluator.scores import PartitionScores
 from stepwatch.exporters.base import ExpectationsFollower, FanOutExporter, ScoreExporter, capabilities_of
 from stepwatch.exporters.events import root_span_id
 from stepwatch.exporters.judge_metrics import JudgeCollector
+from stepwatch.exporters.private_sink import PrivateSink
 from stepwatch.exporters.prometheus import BufferGauges, MetricsServer, PrometheusExporter
 from stepwatch.exporters.score_streams import ROOT_SPAN_ATTRIBUTE, build_score_streams
 from stepwatch.receiver import spancore
@@ -46,6 +47,7 @@ from stepwatch.receiver.http_server import BadRequest, OtlpHttpReceiver, request
 from stepwatch.receiver.ingest import Ingestor, split_request
 from stepwatch.receiver.kafka_ingest import IngestedMessage, KafkaIngest, TopicPartition
 from stepwatch.receiver.origin import OriginCache
+from stepwatch.receiver.records import decode_limited
 from stepwatch.receiver.rejections import Rejection
 from stepwatch.receiver.wal import RecordRef, WalClosed, WalConfig, WalFull, WriteAheadLog
 from stepwatch.receiver.wal_format import WalEntry
@@ -70,16 +72,9 @@ from .security import (
     server_ssl_context,
 )
 from .security.auth import TENANT_KEY
-from .tenancy import (
-    EngineTenancy,
-    PrivateSink,
-    TenantExpectations,
-    TenantScope,
-    decode_limited,
-    guard,
-    load_bounded_expectations,
-    tenant_of,
-)
+from .security.limits import guard, load_bounded_expectations
+from .security.tenant_scope import EngineTenancy, TenantExpectations, TenantScope
+from .security.tenants import tenant_of
 
 log = logging.getLogger("stepwatch")
 partition_log = logging.getLogger("stepwatch.partitions")  # sampled (stepwatch.logs)

@@ -29,7 +29,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ingest", ("receiver/ingest", "ingest.py", "framing.py", "grpc_server", "outcome.py", "index_request")),
     (
         "close_decode",
-        ("otlp_selective", "records.py", "tenancy.py", "origin.py", "attributes.py", "read_spans"),
+        ("otlp_selective", "records.py", "origin.py", "attributes.py", "read_spans"),
     ),
     ("buffer", ("evaluator/buffer", "buffer.py", "backlog.py")),
     (

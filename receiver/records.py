@@ -15,6 +15,14 @@ from collections.abc import Sequence
 from stepwatch.evaluator.buffer import SpanRecord
 from stepwatch.evaluator.model import Span
 from stepwatch.evaluator.pipeline import AttributeSelection
+from stepwatch.security.config import LimitsConfig
+from stepwatch.security.limits import (
+    JSON_DEPTH,
+    LimitMeter,
+    apply_span_limits,
+    json_depth_exceeds,
+    limit_attributes,
+)
 
 from .framing import varint_bytes
 from .origin import OriginCache
@@ -79,3 +87,74 @@ def decode_records_for_limits(
     full: set[int] = set()
     spans = decode_selected(records, selection, full, max_attributes, origins, (most_bytes, max_json_depth))
     return spans, full
+
+
+JSON_DEPTH_MARK = "(json_depth limit: value nested too deeply, not unwrapped)"
+
+
+def limit_spans(spans: list[Span], limits: LimitsConfig, meter: LimitMeter) -> list[Span]:
+    """Close-time per-span limits: attributes per span, value length, JSON depth of strings that
+    the step extractor would unwrap. Counted, never rejected (the span is still scored).
+
+    Applied when a partition is decoded, not at ingest, so the ingest path stays bytes-only.
+    """
+    unbounded = limits.model_copy(update={"max_spans_per_request": max(len(spans), 1)})
+    spans = apply_span_limits(spans, unbounded, meter).spans
+    max_depth = limits.max_json_depth
+    for i, span in enumerate(spans):
+        deep = [
+            key
+            for key, value in span.attributes.items()
+            if isinstance(value, str)
+            and value.count("[") + value.count("{") > max_depth
+            and json_depth_exceeds(value, max_depth)
+        ]
+        if deep:
+            meter.exceeded(JSON_DEPTH, len(deep))
+            attributes = dict(span.attributes)
+            for key in deep:
+                attributes[key] = JSON_DEPTH_MARK
+            spans[i] = span.model_copy(update={"attributes": attributes})
+    return spans
+
+
+def decode_limited(
+    records: Sequence[SpanRecord],
+    selection: AttributeSelection | None,
+    limits: LimitsConfig,
+    meter: LimitMeter,
+    origins: OriginCache | None = None,
+) -> list[Span]:
+    """A closed partition's spans with the per-span limits applied, as `limit_spans(decode_records)`.
+
+    With a `selection` (every scorer of the partition reads only the scoring attributes) the spans
+    no limit can touch are decoded with the selected attributes only; the others are decoded whole
+    and limited exactly as before, so truncations, dropped attributes, JSON-depth marks and their
+    counts are unchanged (tests/security). Resource attributes, always whole, are checked once per
+    distinct resource instead of once per span.
+    """
+    if selection is None:
+        return limit_spans(decode_records(records), limits, meter)
+    spans, full = decode_records_for_limits(
+        records,
+        selection,
+        limits.max_attributes_per_span,
+        limits.max_attribute_value_length,
+        limits.max_json_depth,
+        origins,
+    )
+    resource_ok: dict[int, bool] = {}
+    need: list[int] = []
+    for i, span in enumerate(spans):
+        resource = span.resource_attributes
+        ok = resource_ok.get(id(resource))
+        if ok is None:
+            _, dropped, truncated = limit_attributes(resource, limits)
+            ok = resource_ok[id(resource)] = not dropped and not truncated
+        if not ok or span.seq in full:
+            need.append(i)
+    if need:
+        limited = limit_spans([spans[i] for i in need], limits, meter)
+        for i, span in zip(need, limited, strict=True):
+            spans[i] = span
+    return spans

@@ -582,8 +582,7 @@ def _score_partition(partition: Any, expectation: Any, scorers: list[Any], runne
     partition too large to align gets the same not_scored results as it would in `serve`."""
     from stepwatch.evaluator.engine import evaluate
     from stepwatch.security.config import LimitsConfig
-    from stepwatch.security.limits import LimitCounters
-    from stepwatch.tenancy import guard
+    from stepwatch.security.limits import LimitCounters, guard
 
     limits, meter = LimitsConfig(), LimitCounters()
     done = evaluate(partition, expectation, scorers, lambda inp: guard(inp, limits, meter))

@@ -137,10 +137,7 @@ def flag_overrides(args: argparse.Namespace) -> dict[str, tuple[object, str]]:
         "durability.data_dir": (getattr(args, "data_dir", None), "--data-dir"),
         "durability.wal": (getattr(args, "wal", None), "--no-wal"),
         "receivers.kafka.bootstrap_servers": (getattr(args, "kafka_bootstrap", None), "--kafka-bootstrap"),
-        "exporters.kafka.bootstrap_servers": (
-            _servers(getattr(args, "kafka_bootstrap", None)),
-            "--kafka-bootstrap",
-        ),
+        "exporters.kafka.bootstrap_servers": (getattr(args, "kafka_bootstrap", None), "--kafka-bootstrap"),
         "exporters.kafka.enabled": (
             True if getattr(args, "kafka_bootstrap", None) else None,
             "--kafka-bootstrap",
@@ -177,11 +174,6 @@ def flag_overrides(args: argparse.Namespace) -> dict[str, tuple[object, str]]:
         "security.receivers_tls.client_ca_file": (getattr(args, "tls_client_ca", None), "--tls-client-ca"),
         "security.auth.tokens_file": (getattr(args, "auth_tokens", None), "--auth-tokens"),
     }
-
-
-def _servers(value: str | None) -> list[str] | None:
-    """`a:9092,b:9092` -> ["a:9092", "b:9092"] (the exporter takes a list, the ingest a string)."""
-    return [part.strip() for part in value.split(",") if part.strip()] if value else None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,13 +15,15 @@ every limit has a counter (`stepwatch_limits_exceeded_total{limit}`). Policy per
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from stepwatch.evaluator.expectation import Expectation, ExpectedStep
+from stepwatch.evaluator.expectations_store import ExpectationsError, ExpectationsStore, parse_expectations
 from stepwatch.evaluator.model import Span
+from stepwatch.evaluator.scorers.base import ScoringInput
 
 from .config import LimitsConfig
 
@@ -283,3 +285,42 @@ def scoring_guard(
             meter.exceeded(DP_CELLS)
             return f"limit {DP_CELLS}: {len(expected)} expected x {n_observed} observed steps, over {limits.max_dp_cells} cells"
     return None
+
+
+def load_bounded_expectations(
+    path: Path,
+    check_scorers: Callable[[Iterable[str]], None] | None,
+    limits: LimitsConfig,
+    meter: LimitMeter,
+) -> ExpectationsStore:
+    """Load an expectations file within the size, step and group caps; ExpectationsError otherwise,
+    so start-up fails with one line and a hot reload keeps the last good version."""
+    try:
+        data = read_bounded(path, limits.max_expectations_file_bytes, meter)
+    except LimitExceeded as exc:
+        raise ExpectationsError(f"{path}: {exc} (security.limits.max_expectations_file_bytes)") from None
+    except OSError as exc:
+        raise ExpectationsError(f"{path}: cannot read expectations file: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ExpectationsError(f"{path}: not UTF-8 text") from None
+    store = parse_expectations(text, str(path), check_scorers)
+    for key in store.task_keys:
+        expectation = store.get(key)
+        assert expectation is not None
+        try:
+            check_expectation(f"task {key!r}", expectation, limits, meter)
+        except LimitExceeded as exc:
+            raise ExpectationsError(f"{path}: {exc}") from None
+    return store
+
+
+def guard(inp: ScoringInput, limits: LimitsConfig, meter: LimitMeter) -> str | None:
+    """Why the expected-steps scorers must not run on this input (too big to align), else None."""
+    if inp.expected_steps and inp.partition.annotations.get("expected_steps") is not None:
+        try:  # per-occurrence ground truth gets the same caps as the expectations file
+            check_expected_steps("aip.eval.expected_steps", inp.expected_steps, limits, meter)
+        except LimitExceeded as exc:
+            return str(exc)
+    return scoring_guard(len(inp.steps), inp.expected_steps, limits, meter)

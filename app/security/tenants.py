@@ -75,3 +75,8 @@ class TenantPolicy:
                 if tenant_cfg.expectations_file is not None:
                     files[name] = tenant_cfg.expectations_file
         return files
+
+
+def tenant_of(attributes: Mapping[str, object]) -> str:
+    """The tenant a score event belongs to (its `tenant` attribute), default when it has none."""
+    return str(attributes.get("tenant", DEFAULT_TENANT_NAME))

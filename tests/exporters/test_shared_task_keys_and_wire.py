@@ -26,11 +26,11 @@ from stepwatch.exporters.config import (
 )
 from stepwatch.exporters.events import ScoreEvent
 from stepwatch.exporters.otel_metrics import RESULTS_COUNTER, OtelMetricsExporter
+from stepwatch.exporters.private_sink import PrivateSink
 from stepwatch.exporters.prometheus import PrometheusExporter
 from stepwatch.exporters.score_streams import ScoreStream, SharedWireEvents, build_score_streams, wire_events
 from stepwatch.exporters.task_keys import UNREGISTERED, TaskKeyCap
 from stepwatch.service import Service
-from stepwatch.tenancy import PrivateSink
 
 # -- the task-key cap ---------------------------------------------------------------------------
 

@@ -24,10 +24,10 @@ from stepwatch.evaluator.steps import extract_steps
 from stepwatch.receiver import spancore
 from stepwatch.receiver.ingest import split_request
 from stepwatch.receiver.otlp_selective import decode_selected
+from stepwatch.receiver.records import decode_limited
 from stepwatch.security.config import LimitsConfig
 from stepwatch.security.limits import LimitCounters
 from stepwatch.service import Service
-from stepwatch.tenancy import decode_limited
 
 pytestmark = pytest.mark.skipif(not spancore.AVAILABLE, reason=f"native span core: {spancore.STATUS}")
 CORPUS_FILES = sorted(CORPUS.glob("*.pb"))

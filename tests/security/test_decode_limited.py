@@ -17,10 +17,9 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES
 from stepwatch.evaluator.pipeline import scoring_attributes
 from stepwatch.receiver.ingest import split_request
-from stepwatch.receiver.records import decode_records, decode_records_for_limits
+from stepwatch.receiver.records import decode_limited, decode_records, decode_records_for_limits, limit_spans
 from stepwatch.security.config import LimitsConfig
 from stepwatch.security.limits import LimitCounters
-from stepwatch.tenancy import decode_limited, limit_spans
 
 LIMITS = LimitsConfig(max_attributes_per_span=6, max_attribute_value_length=600, max_json_depth=3)
 SELECTION = scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES)

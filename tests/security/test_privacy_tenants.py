@@ -14,6 +14,7 @@ from stepwatch.evaluator.model import Span
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.evaluator.scores import PartitionScores
 from stepwatch.exporters.base import Capabilities, InMemoryScoreExporter, capabilities_of
+from stepwatch.exporters.private_sink import PrivateSink
 from stepwatch.exporters.prometheus import PrometheusExporter
 from stepwatch.security.config import (
     PrivacyConfig,
@@ -29,7 +30,6 @@ from stepwatch.security.redaction import (
     scrub_secrets,
 )
 from stepwatch.security.tenants import DEFAULT_TENANT, PerTenant, Tenant, TenantPolicy
-from stepwatch.tenancy import PrivateSink
 
 
 def test_redaction_replaces_listed_keys_and_prefixes_in_span_and_resource_attributes():

@@ -298,7 +298,7 @@ def test_data_dir_puts_the_spool_in_the_data_volume(tmp_path) -> None:
     kafka = config.kafka_exporter()
     assert kafka.enabled and kafka.bootstrap_servers == ["a:9092", "b:9092"] and kafka.topic == "t"
     assert kafka.spool.directory == Path("/s")  # --spool-dir wins over DATA_DIR/kafka-spool
-    assert config.receivers.kafka.bootstrap_servers == "a:9092, b:9092"  # one flag feeds the ingest too
+    assert config.receivers.kafka.bootstrap_servers == ["a:9092", "b:9092"]  # one flag feeds the ingest too
     assert not config.receivers.kafka.enabled  # ...which stays off without --kafka-ingest-topic
     args = parser.parse_args(["--otlp-metrics-endpoint", "http://collector:4317"])
     config = load_config(None, environ={}, flags=serve_command.flag_overrides(args))
