@@ -159,13 +159,15 @@ class Bench:
             "loadgen_spans_per_s": client["spans_per_s"],
         }
 
-    def start_serve(self, env: dict[str, str]) -> tuple[subprocess.Popen[str], int, int]:
+    def start_serve(
+        self, env: dict[str, str], executable: str = STEPWATCH
+    ) -> tuple[subprocess.Popen[str], int, int]:
         """A `stepwatch serve` with its own state directory: runs never replay each other's log."""
         grpc_port, metrics_port = free_port(), free_port()
         self.serves += 1
         env = {"STEPWATCH_DURABILITY__DATA_DIR": str(self.tmp / f"data-{self.serves}"), **env}
         argv = [
-            STEPWATCH, "serve", "--grpc-endpoint", f"127.0.0.1:{grpc_port}", "--http-endpoint", "127.0.0.1:0",
+            executable, "serve", "--grpc-endpoint", f"127.0.0.1:{grpc_port}", "--http-endpoint", "127.0.0.1:0",
             "--metrics-endpoint", f"127.0.0.1:{metrics_port}", "--expectations", str(self.expectations),
             "--log-level", "WARNING",
         ]  # fmt: skip
@@ -212,11 +214,11 @@ class Bench:
         raise SystemExit("stepwatch did not finish scoring in time")
 
     def serve_throughput(
-        self, env: dict[str, str] | None = None, label: str = "stepwatch"
+        self, env: dict[str, str] | None = None, label: str = "stepwatch", executable: str = STEPWATCH
     ) -> dict[str, object]:
         # --duration stops the loadgen mid-stream: a trace cut there never gets its root span and
         # would close only after rootless_trace_idle_timeout (30 s), which is waiting, not scoring
-        proc, grpc_port, metrics_port = self.start_serve({**ROOTLESS_AS_IDLE, **(env or {})})
+        proc, grpc_port, metrics_port = self.start_serve({**ROOTLESS_AS_IDLE, **(env or {})}, executable)
         try:
             started = time.monotonic()
             client, window = self.loadgen_with_window(f"127.0.0.1:{grpc_port}", metrics_port)
@@ -379,6 +381,12 @@ def main() -> None:
         action="store_true",
         help="each round also runs serve with STEPWATCH_NATIVE=0 (the pure-Python path), for before/after",
     )
+    parser.add_argument(
+        "--baseline",
+        metavar="STEPWATCH",
+        help="another build's `stepwatch` executable: each round also runs its serve on the same "
+        "traffic, for a before/after comparison in one run",
+    )
     args = parser.parse_args()
     bench = Bench(args)
     bench.write_expectations()
@@ -396,6 +404,9 @@ def main() -> None:
                 lambda: bench.serve_throughput({"STEPWATCH_NATIVE": "0"}, "stepwatch_python"),
             )
         )
+    if args.baseline:
+        rounds["baseline"] = []
+        measures.append(("baseline", lambda: bench.serve_throughput(None, "baseline", args.baseline)))
     for run in range(args.runs):
         for key, measure in measures:
             result = {**measure(), "run": run}
@@ -445,6 +456,12 @@ def main() -> None:
         summary["python_steady_scored_vs_walk"] = round(python_steady / walk, 3)
         summary["python_scored_vs_walk"] = round(median("stepwatch_python", "scored_spans_per_s") / walk, 3)
         summary["python_latency_under_load_p99_s"] = median("stepwatch_python", "latency_p99_s")
+    if args.baseline:
+        baseline_steady = median("baseline", "steady_scored_spans_per_s")
+        summary["baseline_steady_scored_spans_per_s"] = baseline_steady
+        summary["baseline_steady_scored_vs_walk"] = round(baseline_steady / walk, 3)
+        summary["steady_scored_vs_baseline"] = round(steady / baseline_steady, 3)
+        summary["baseline_latency_under_load_p99_s"] = median("baseline", "latency_p99_s")
     print(json.dumps(summary), flush=True)
     shutil.rmtree(bench.tmp, ignore_errors=True)
 

@@ -130,7 +130,7 @@ def decode_limited(
     With a `selection` (every scorer of the partition reads only the scoring attributes) the spans
     no limit can touch are decoded with the selected attributes only; the others are decoded whole
     and limited exactly as before, so truncations, dropped attributes, JSON-depth marks and their
-    counts are unchanged (tests/security). Resource attributes, always whole, are checked once per
+    counts are unchanged (tests/receiver/test_records.py). Resource attributes, always whole, are checked once per
     distinct resource instead of once per span.
     """
     if selection is None:

@@ -13,8 +13,8 @@ import zlib
 from pathlib import Path
 
 import pytest
-from durability_otlp import new_trace_id, to_otlp_json, trace_request
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from otlp_requests import new_trace_id, to_otlp_json, trace_request
 from prometheus_client import CollectorRegistry
 
 from stepwatch.config import load_config

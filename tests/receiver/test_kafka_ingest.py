@@ -13,9 +13,9 @@ from collections.abc import Hashable, Iterable, Iterator
 import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from durability_otlp import new_trace_id, to_otlp_json, trace_request
 from kafka_broker import TansuBroker
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from otlp_requests import new_trace_id, to_otlp_json, trace_request
 from waiting import eventually
 
 from stepwatch.config import load_config

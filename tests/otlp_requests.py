@@ -1,4 +1,4 @@
-"""Small real OTLP requests for the durability tests (protobuf and the Collector's OTLP/JSON)."""
+"""Small real OTLP requests for the tests (protobuf and the Collector's OTLP/JSON)."""
 
 from __future__ import annotations
 

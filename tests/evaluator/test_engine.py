@@ -1,0 +1,197 @@
+"""The evaluation engine on its own: a real buffer on a manual clock, real OTLP records, and the
+composition root's parts replaced by plain callables (the engine takes nothing else)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+from otlp_requests import trace_request
+
+from stepwatch.evaluator.accounting import SpanAccounting
+from stepwatch.evaluator.backlog import ScoringBacklog
+from stepwatch.evaluator.buffer import BufferLimits, PartitionBuffer
+from stepwatch.evaluator.clock import ManualClock
+from stepwatch.evaluator.engine import EngineSettings, EvaluationEngine
+from stepwatch.evaluator.expectations_store import ExpectationsStore, parse_expectations
+from stepwatch.evaluator.results import ScoreResult
+from stepwatch.evaluator.scorers.base import ScoringInput
+from stepwatch.evaluator.scorers.registry import ScorerEntry, ScorerRegistry
+from stepwatch.evaluator.scores import PartitionScores
+from stepwatch.receiver.ingest import Ingestor
+from stepwatch.receiver.records import decode_records
+
+
+class _Tenancy:
+    def __init__(self, store: ExpectationsStore) -> None:
+        self.store = store
+
+    def split_trace(self, partition_id: str) -> tuple[str, str]:
+        return "default", partition_id
+
+    def split_session(self, key: str) -> tuple[str, str]:
+        return "default", key
+
+    def session_key(self, tenant: str, session_id: str) -> str:
+        return session_id
+
+    def expectations(self, tenant: str) -> ExpectationsStore:
+        return self.store
+
+
+class _SpanCount:
+    name = "span_count"
+
+    def applicable(self, inp: ScoringInput) -> bool:
+        return True
+
+    def score(self, inp: ScoringInput) -> ScoreResult:
+        return ScoreResult(metric=self.name, score=float(len(inp.partition.spans)))
+
+
+class _SlowJudge:
+    """An async scorer whose answer for a partition's first revision comes last."""
+
+    name = "slow_judge"
+
+    def applicable(self, inp: ScoringInput) -> bool:
+        return True
+
+    async def score(self, inp: ScoringInput) -> ScoreResult:
+        spans = len(inp.partition.spans)
+        await asyncio.sleep(0.2 if spans == 3 else 0.0)
+        return ScoreResult(metric=self.name, score=float(spans))
+
+
+class _Rig:
+    def __init__(
+        self, *, tasks: str = "tasks: {}", async_judge: bool = False, guard_reason: str | None = None
+    ):
+        self.clock = ManualClock()
+        self.accounting = SpanAccounting()
+        limits = BufferLimits(trace_idle_timeout=1.0, session_idle_timeout=5.0, late_span_window=30.0)
+        self.buffer = PartitionBuffer(limits, self.accounting, self.clock.monotonic)
+        self.ingestor = Ingestor(self.buffer, self.accounting, 1.0)
+        entries = {"span_count": ScorerEntry(lambda e: _SpanCount())}
+        if async_judge:
+            entries["slow_judge"] = ScorerEntry(lambda e: _SlowJudge())
+        self.events: list[PartitionScores] = []
+        self.released: list[bytes] = []
+        self.engine = EvaluationEngine(
+            self.buffer,
+            ScorerRegistry(entries),
+            self.accounting,
+            ScoringBacklog(10_000, 0.1),
+            EngineSettings(task_key_attributes=("aip.task.key",)),
+            decode=lambda records, selection: decode_records(records),
+            tenancy=_Tenancy(parse_expectations(tasks, "tasks.yaml")),
+            guard=lambda inp: guard_reason,
+            submit=self.events.append,
+            release=self.released.extend,
+        )
+
+    def send(self, trace_id: bytes, spans: int, session: str | None = None) -> None:
+        result = self.ingestor.consume(trace_request([trace_id], spans, session), "grpc")
+        assert result.accepted == spans
+
+    def close(self) -> None:
+        self.clock.advance(1.5)
+        self.engine.dispatch(self.buffer.sweep())
+
+
+async def test_a_closed_trace_is_scored_once_and_accounted() -> None:
+    rig = _Rig()
+    trace = os.urandom(16)
+    rig.send(trace, 3)
+    rig.close()
+    await rig.engine.wait_idle()
+    (event,) = rig.events
+    assert (event.partition_type, event.partition_id, event.revision) == ("trace", trace.hex(), 0)
+    assert [(r.metric, r.score) for r in event.results] == [("span_count", 3.0)]
+    assert (rig.accounting.scored, rig.buffer.buffered_spans) == (3, 0)
+
+
+async def test_traces_of_a_session_task_are_routed_into_one_session() -> None:
+    rig = _Rig(tasks="tasks:\n  agent.run: {partition: session, expected_steps: [a]}\n")
+    for trace in (os.urandom(16), os.urandom(16)):
+        rig.send(trace, 2, session="s-1")
+    rig.close()  # both traces close; each joins the open session instead of being scored
+    await rig.engine.wait_idle()
+    assert rig.events == []
+    rig.clock.advance(6)  # the session's idle timeout
+    rig.engine.dispatch(rig.buffer.sweep())
+    await rig.engine.wait_idle()
+    (event,) = rig.events
+    assert (event.partition_type, event.partition_id, event.span_count) == ("session", "s-1", 4)
+    assert len(event.trace_ids) == 2
+
+
+async def test_the_guard_stops_only_the_expected_steps_scorers() -> None:
+    rig = _Rig(
+        tasks="tasks:\n  agent.run: {expected_steps: [a, b]}\n", guard_reason="limit dp_cells: too big"
+    )
+    registry = ScorerRegistry.builtin().extended({"span_count": ScorerEntry(lambda e: _SpanCount())})
+    rig.engine.scorers = registry
+    rig.send(os.urandom(16), 3)
+    rig.close()
+    await rig.engine.wait_idle()
+    results = {r.metric: r for r in rig.events[0].results}
+    assert results["agent.step_accuracy"].not_scored == "limit dp_cells: too big"
+    assert results["agent.step_accuracy"].metadata == {"limit_exceeded": True}
+    assert results["span_count"].score == 3.0  # the others still run
+
+
+async def test_revisions_leave_in_order_even_when_the_later_one_is_judged_first() -> None:
+    rig = _Rig(async_judge=True)
+    trace = os.urandom(16)
+    rig.send(trace, 3)
+    rig.close()  # revision 0: its judge takes 0.2 s
+    await asyncio.sleep(0.05)  # scored and waiting on its judge
+    assert rig.events == [] and rig.engine.inflight
+    rig.send(trace, 2)  # two late spans: revision 1 (5 spans), judged at once
+    rig.clock.advance(1.5)
+    rig.engine.dispatch(rig.buffer.sweep())
+    await rig.engine.wait_idle()
+    assert [(e.revision, e.span_count) for e in rig.events] == [(0, 3), (1, 5)]
+    assert [r.score for r in rig.events[1].results if r.metric == "slow_judge"] == [5.0]
+
+
+async def test_a_partition_that_fails_to_decode_is_counted_not_raised() -> None:
+    rig = _Rig()
+
+    def broken(records: object, selection: object) -> list[object]:
+        raise RuntimeError("decoder bug")
+
+    rig.engine._decode = broken  # type: ignore[assignment]  # the one seam this test replaces
+    rig.send(os.urandom(16), 3)
+    rig.close()
+    await rig.engine.wait_idle()
+    assert rig.events == []
+    assert (rig.accounting.scoring_errors, rig.buffer.buffered_spans) == (3, 0)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_inline_and_worker_threads_give_the_same_events(workers: int) -> None:
+    rig = _Rig()
+    rig.engine = EvaluationEngine(
+        rig.buffer,
+        ScorerRegistry({"span_count": ScorerEntry(lambda e: _SpanCount())}),
+        rig.accounting,
+        ScoringBacklog(10_000, 0.1),
+        EngineSettings(task_key_attributes=("aip.task.key",), workers=workers),
+        decode=lambda records, selection: decode_records(records),
+        tenancy=_Tenancy(ExpectationsStore()),
+        guard=lambda inp: None,
+        submit=rig.events.append,
+        release=rig.released.extend,
+    )
+    traces = [os.urandom(16) for _ in range(6)]
+    for i, trace in enumerate(traces):
+        rig.send(trace, i + 1)
+    rig.close()
+    await rig.engine.wait_idle()
+    rig.engine.shutdown()
+    assert sorted((e.partition_id, e.results[0].score) for e in rig.events) == sorted(
+        (t.hex(), float(i + 1)) for i, t in enumerate(traces)
+    )
