@@ -207,6 +207,14 @@ class DurabilityConfig(WalPolicy):
         default=None, description="State directory; the write-ahead log lives in DATA_DIR/wal. Unset: no log."
     )
     wal: bool = Field(default=True, description="Log accepted spans when data_dir is set (--no-wal: off).")
+    replay_grace: float = Field(
+        default=30.0,
+        ge=0,
+        description="Seconds traces rebuilt from the log after a restart stay open before their idle "
+        "timers start: the rest of such a trace is often a batch refused while Stepwatch was down, "
+        "which the client re-sends after its retry backoff (the Collector's retry_on_failure waits up "
+        "to max_interval, 30 s). Closing earlier would score a fragment and revise it. 0: no wait.",
+    )
 
     def wal_config(self) -> WalConfig | None:
         if self.data_dir is None or not self.wal:

@@ -300,6 +300,8 @@ class Service:
             judge_runner=self.judge_runner,
         )
         self._sweeper: asyncio.Task[None] | None = None
+        self._reopened: set[bytes] = set()  # traces rebuilt by the replay, held open until _reopened_due
+        self._reopened_due = 0.0
         self._started = False
         self._stopping = False
 
@@ -421,7 +423,7 @@ class Service:
     def _kafka_partitions_paused(self, keys: set[object]) -> None:
         """A rebalance began: traces fed by the revoked partitions wait for its outcome."""
         paused = self.buffer.pause_traces({key for key in keys if isinstance(key, bytes)})
-        log.info("kafka: rebalancing, %d open trace(s) held open until partitions are assigned", paused)
+        log.info("kafka: rebalancing, %d open trace(s) held open until partitions are assigned", len(paused))
 
     def _kafka_partitions_resumed(self, keys: set[object]) -> None:
         self.buffer.resume_traces({key for key in keys if isinstance(key, bytes)})
@@ -445,6 +447,7 @@ class Service:
         decided_in: dict[bytes, set[int]] = {}  # decided trace -> WAL segments holding its records
         ledger = self.ledger
         records_replayed = spans = 0
+        reopened: set[bytes] = set()  # open traces rebuilt here: held open for the clients' retries
         with ledger.unbounded():  # an entry evicted mid-replay would let a fragment through
             for ref, payload in wal.replay():
                 entry = WalEntry.from_bytes(payload)
@@ -467,6 +470,7 @@ class Service:
                         await asyncio.sleep(self.config.buffer.sweep_interval)
                     taken = chunk if admission.taken is None else admission.taken
                     keys.update(rec[0] for rec in taken if self.buffer.will_score(rec[0]))
+                    reopened |= self.buffer.pause_traces({rec[0] for rec in taken} - reopened)
                 wal.track(ref, keys)
                 records_replayed += 1
                 spans += len(records)
@@ -475,6 +479,15 @@ class Service:
         if self.decisions is not None:
             for ref, decision in decisions:
                 self.decisions.keep(ref, set().union(*(decided_in.get(k, ()) for k in decision.spans)))
+        grace = self.config.durability.replay_grace
+        if reopened:
+            log.info(
+                "write-ahead log: %d rebuilt open trace(s) wait %.1f s for their clients' retries before "
+                "their idle timers start (durability.replay_grace)",
+                len(reopened),
+                grace,
+            )
+            self._reopened, self._reopened_due = reopened, self.clock.monotonic() + grace
         if records_replayed:
             log.info(
                 "write-ahead log: replayed %d span(s) from %d record(s), %d decision(s); %d span(s) "
@@ -591,6 +604,9 @@ class Service:
         """One close-detection sweep: dispatch what closed, release holds no score will release.
 
         The sweep loop's step; tests with a manual clock call it directly."""
+        if self._reopened and self.clock.monotonic() >= self._reopened_due:
+            reopened, self._reopened = self._reopened, set()
+            self.buffer.resume_traces(reopened)  # their idle timers start now
         closed = self.buffer.sweep()
         if closed:
             self.engine.dispatch(closed)

@@ -620,17 +620,18 @@ class PartitionBuffer:
             part = self._closed_traces.get(trace_id)
             return part is not None and (part.state != "closed" or part.revision_due is not None)
 
-    def pause_traces(self, trace_ids: set[bytes]) -> int:
-        """Keep these open traces from closing until `resume_traces`; returns how many are open.
+    def pause_traces(self, trace_ids: set[bytes]) -> set[bytes]:
+        """Keep these open traces from closing until `resume_traces`; returns those that are open.
 
-        For a Kafka partition being rebalanced: its consumer reads nothing meanwhile, so the rest
-        of a trace may sit unread in the topic while its idle timer runs; closing it then would
-        score a partial trace and revise it once the rest arrives.
+        For a Kafka partition being rebalanced (its consumer reads nothing meanwhile, so the rest of
+        a trace may sit unread in the topic) and for traces rebuilt from the log after a restart
+        (the rest may be a batch the client re-sends after its retry backoff): closing them on
+        their idle timers would score a partial trace and revise it once the rest arrives.
         """
         with self._lock:
             opened = {trace_id for trace_id in trace_ids if trace_id in self._traces}
             self._paused |= opened
-        return len(opened)
+        return opened
 
     def resume_traces(self, trace_ids: set[bytes]) -> None:
         """Let paused traces close again, their idle timers restarted: the pause was not idleness."""

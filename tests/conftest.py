@@ -21,3 +21,6 @@ def _private_stepwatch_state(
     replay each other's write-ahead log. Explicit --data-dir flags still win over the environment.
     """
     monkeypatch.setenv("STEPWATCH_DURABILITY__DATA_DIR", str(tmp_path_factory.mktemp("stepwatch-state")))
+    # restarted serves hold rebuilt traces open this long (30 s in production): the crash tests'
+    # clients retry within it; tests of the grace itself set their own
+    monkeypatch.setenv("STEPWATCH_DURABILITY__REPLAY_GRACE", "1.0")

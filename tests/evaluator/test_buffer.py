@@ -411,7 +411,7 @@ def test_a_paused_trace_waits_out_the_pause_and_then_a_full_idle_timeout() -> No
     buf, clock, _ = make(max_trace_age=100.0)
     buf.offer([rec(1, 1, root=True)])
     buf.offer([rec(2, 1, root=True)])
-    assert buf.pause_traces({(1).to_bytes(16, "big"), (9).to_bytes(16, "big")}) == 1  # 9 is not open
+    assert buf.pause_traces({(1).to_bytes(16, "big"), (9).to_bytes(16, "big")}) == {(1).to_bytes(16, "big")}
     clock.advance(30)  # far past the idle timeout: only the unpaused trace closes
     assert [c.partition_id for c in buf.sweep()] == [(2).to_bytes(16, "big").hex()]
     buf.resume_traces({(1).to_bytes(16, "big")})
