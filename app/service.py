@@ -38,8 +38,9 @@ from stepwatch.exporters.base import ExpectationsFollower, FanOutExporter, Score
 from stepwatch.exporters.events import root_span_id
 from stepwatch.exporters.judge_metrics import JudgeCollector
 from stepwatch.exporters.private_sink import PrivateSink
-from stepwatch.exporters.prometheus import BufferGauges, MetricsServer, PrometheusExporter
+from stepwatch.exporters.prometheus import PrometheusExporter
 from stepwatch.exporters.score_streams import ROOT_SPAN_ATTRIBUTE, build_score_streams
+from stepwatch.exporters.telemetry import BufferGauges, MetricsServer, Telemetry
 from stepwatch.receiver import spancore
 from stepwatch.receiver.decision_log import Decision, DecisionLog
 from stepwatch.receiver.grpc_server import OtlpGrpcReceiver
@@ -110,6 +111,8 @@ class Service:
         self.buffer = PartitionBuffer(buffer_limits, self.accounting, self.clock.monotonic, self.ledger)
         limits = config.buffer
         prom = config.exporters.prometheus
+        self.telemetry = Telemetry()  # the one registry, handed to every component with metrics
+        registry = self.telemetry.registry
         self.prometheus = PrometheusExporter(
             prom.max_task_keys,
             lambda key: self.tenant_expectations.registered_anywhere(key),
@@ -117,8 +120,9 @@ class Service:
             tenant_label=self.policy.enabled,
             trace_idle_timeout=buffer_limits.trace_idle_timeout,
             session_idle_timeout=buffer_limits.session_idle_timeout,
+            registry=registry,
         )
-        self.limit_meter = PrometheusLimitMeter(self.prometheus.registry)
+        self.limit_meter = PrometheusLimitMeter(registry)
         # attribute redaction per tenant; tenants without their own privacy use the top level
         redactors = {"": Redactor.from_config(sec.privacy)} | {
             name: Redactor.from_config(self.policy.privacy(Tenant(name))) for name in sec.tenancy.tenants
@@ -145,14 +149,14 @@ class Service:
         )
         self.expectations = self.tenant_expectations.get(DEFAULT_TENANT.name)
         if self.judge_runner is not None:
-            self.prometheus.registry.register(JudgeCollector(self.judge_runner))
+            registry.register(JudgeCollector(self.judge_runner))
         exp = config.exporters
         streams = build_score_streams(
             events=exp.score_events,
             kafka=config.kafka_exporter(),
             otel_metrics=exp.otel_metrics,
             otel_events=exp.otel_events,
-            registry=self.prometheus.registry,
+            registry=registry,
             is_registered=lambda key: self.tenant_expectations.registered_anywhere(key),
         )
         self.streams = streams
@@ -170,14 +174,14 @@ class Service:
         self.decisions: DecisionLog | None = None
         self._undecided: list[PartitionScores] = []  # delivered, decision not yet written (log full)
         if wal_config is not None:
-            self.wal = WriteAheadLog(wal_config, registry=self.prometheus.registry)
+            self.wal = WriteAheadLog(wal_config, registry=registry)
             self.ingestor.wal = self.wal
             self.decisions = DecisionLog(
                 _decision_log_config(wal_config),
                 self.wal,
                 config.ledger.retention,
                 self.clock.monotonic,
-                registry=self.prometheus.registry,
+                registry=registry,
             )
         self.kafka_ingest: KafkaIngest | None = None
         if config.receivers.kafka.enabled:
@@ -185,7 +189,7 @@ class Service:
                 config.receivers.kafka,
                 self._from_kafka,
                 self._kafka_partitions_lost,
-                registry=self.prometheus.registry,
+                registry=registry,
                 retry_on=(_Backpressure,),
                 on_paused=self._kafka_partitions_paused,
                 on_resumed=self._kafka_partitions_resumed,
@@ -197,7 +201,7 @@ class Service:
         buf = config.buffer
         # no span can stay in a partition longer than this; holds older than it were never released
         self._max_wal_hold = buf.max_trace_age + buf.max_session_age + buf.late_span_window + 60.0
-        self.prometheus.watch_ingest(self.accounting, self._gauges, lambda: dict(self.fanout.dropped))
+        self.telemetry.watch_ingest(self.accounting, self._gauges, lambda: dict(self.fanout.dropped))
         self.watcher: ExpectationsWatcher | None = None
         self.tenant_watchers: list[ExpectationsWatcher] = []
         if config.expectations.watch:
@@ -267,8 +271,7 @@ class Service:
         if prom.enabled:
             host, port = parse_endpoint(prom.endpoint)
             admin = AdminAuthenticator(sec.metrics_auth)
-            self.metrics_server = MetricsServer(
-                self.prometheus.registry,
+            self.metrics_server = self.telemetry.server(
                 host,
                 port,
                 self.ready,

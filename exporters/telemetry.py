@@ -1,0 +1,267 @@
+"""The process's own telemetry: one registry every component registers its metrics on (as the
+Collector hands each component its TelemetrySettings), the ingest and buffer families read from
+live counters at scrape time, and the HTTP endpoint serving /metrics, /healthz and /readyz.
+
+Span accounting is read from plain counters at scrape time, so ingest never touches a metric
+object per span. No global state: the registry is this object's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+
+from stepwatch.evaluator.accounting import SpanAccounting
+from stepwatch.listen_errors import bind_error
+
+
+class Telemetry:
+    """Owns the registry and serves it; handed to every component that has metrics."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+
+    def watch_ingest(
+        self,
+        accounting: SpanAccounting,
+        gauges: Callable[[], BufferGauges],
+        dropped: Callable[[], dict[str, int]],
+    ) -> None:
+        """Expose the span accounting and buffer gauges (read at scrape time)."""
+        self.registry.register(_IngestCollector(accounting, gauges, dropped))
+
+    def server(
+        self,
+        host: str,
+        port: int,
+        ready: Callable[[], bool],
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        middlewares: Sequence[Any] = (),
+        routes: Sequence[tuple[str, Callable[[web.Request], Any]]] = (),
+    ) -> MetricsServer:
+        """The HTTP endpoint of this registry (started by the caller)."""
+        return MetricsServer(
+            self.registry, host, port, ready, ssl_context=ssl_context, middlewares=middlewares, routes=routes
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BufferGauges:
+    buffered_spans: int
+    buffered_spans_limit: int
+    open_partitions: dict[str, int]
+    retained_spans: int
+    scoring_backlog_spans: int = 0
+    held_requests: int = 0
+    held_seconds: float = 0.0
+    ledger_entries: int = 0
+    ledger_bytes: int = 0
+    ledger_bytes_limit: int = 0
+    ledger_evictions: int = 0
+
+
+class _IngestCollector(Collector):
+    """Ingest and buffering families, computed from the live counters at scrape time."""
+
+    def __init__(
+        self,
+        accounting: SpanAccounting,
+        gauges: Callable[[], BufferGauges],
+        dropped: Callable[[], dict[str, int]],
+    ) -> None:
+        self._acc = accounting
+        self._gauges = gauges
+        self._dropped = dropped
+
+    def collect(self) -> Iterator[Metric]:
+        acc = self._acc
+        received = CounterMetricFamily(
+            "stepwatch_spans_received", "Spans received in requests that decoded.", labels=["protocol"]
+        )
+        for protocol in ("grpc", "http", *sorted(set(acc.received) - {"grpc", "http"})):
+            received.add_metric([protocol], acc.received.get(protocol, 0))
+        yield received
+        rejected = CounterMetricFamily(
+            "stepwatch_spans_rejected", "Spans refused, by reason.", labels=["reason"]
+        )
+        reasons = dict(acc.rejected)
+        if acc.scoring_errors:
+            reasons["scoring_error"] = reasons.get("scoring_error", 0) + acc.scoring_errors
+        for reason, count in sorted(reasons.items()):
+            rejected.add_metric([reason], count)
+        yield rejected
+        requests = CounterMetricFamily(
+            "stepwatch_requests_rejected",
+            "Whole requests refused before their spans could be counted (decode, too_large, media_type).",
+            labels=["reason"],
+        )
+        for reason, count in sorted(acc.requests_rejected.items()):
+            requests.add_metric([reason], count)
+        yield requests
+        duplicates = CounterMetricFamily(
+            "stepwatch_spans_duplicate",
+            "Spans whose id was already taken for their trace, ignored (received: a client retry or "
+            "Kafka redelivery; replayed: a write-ahead-log record of spans already scored).",
+            labels=["source"],
+        )
+        for source in ("received", "replayed"):
+            duplicates.add_metric([source], acc.duplicates.get(source, 0))
+        yield duplicates
+        yield CounterMetricFamily(
+            "stepwatch_spans_replayed",
+            "Spans read back from the write-ahead log at start-up.",
+            value=acc.replayed,
+        )
+        yield CounterMetricFamily(
+            "stepwatch_spans_late", "Spans that arrived after their partition closed.", value=acc.late
+        )
+        yield CounterMetricFamily(
+            "stepwatch_spans_scored", "Spans scored in a partition's first revision.", value=acc.scored
+        )
+        closed = CounterMetricFamily(
+            "stepwatch_partitions_closed",
+            "Partitions closed and scored.",
+            labels=["partition_type", "reason"],
+        )
+        for (partition_type, reason), count in sorted(acc.closed.items()):
+            closed.add_metric([partition_type, reason], count)
+        yield closed
+        unmatched = CounterMetricFamily(
+            "stepwatch_partitions_unmatched",
+            "Partitions with no registered expectation.",
+            labels=["partition_type"],
+        )
+        for partition_type in ("trace", "session"):
+            unmatched.add_metric([partition_type], acc.unmatched.get(partition_type, 0))
+        yield unmatched
+        gauges = self._gauges()
+        yield GaugeMetricFamily(
+            "stepwatch_buffered_spans",
+            "Spans in open partitions or awaiting scoring.",
+            value=gauges.buffered_spans,
+        )
+        yield GaugeMetricFamily(
+            "stepwatch_buffered_spans_limit", "buffer.max_buffered_spans.", value=gauges.buffered_spans_limit
+        )
+        yield GaugeMetricFamily(
+            "stepwatch_ledger_entries",
+            "Closed traces whose span ids the decision ledger remembers (retries are duplicates).",
+            value=gauges.ledger_entries,
+        )
+        yield GaugeMetricFamily(
+            "stepwatch_ledger_bytes", "Estimated memory of the decision ledger.", value=gauges.ledger_bytes
+        )
+        yield GaugeMetricFamily(
+            "stepwatch_ledger_bytes_limit", "ledger.max_bytes.", value=gauges.ledger_bytes_limit
+        )
+        yield CounterMetricFamily(
+            "stepwatch_ledger_evictions",
+            "Decision-ledger entries dropped at ledger.max_bytes before their retention ran out.",
+            value=gauges.ledger_evictions,
+        )
+        partitions = GaugeMetricFamily(
+            "stepwatch_buffered_partitions", "Open partitions.", labels=["partition_type"]
+        )
+        for partition_type, count in sorted(gauges.open_partitions.items()):
+            partitions.add_metric([partition_type], count)
+        yield partitions
+        yield GaugeMetricFamily(
+            "stepwatch_retained_spans",
+            "Spans of closed partitions kept for late-span revisions.",
+            value=gauges.retained_spans,
+        )
+        yield GaugeMetricFamily(
+            "stepwatch_scoring_backlog_spans",
+            "Spans of closed partitions waiting to be scored.",
+            value=gauges.scoring_backlog_spans,
+        )
+        yield CounterMetricFamily(
+            "stepwatch_requests_held",
+            "Requests whose answer waited for the scoring backlog (scoring.max_backlog_spans).",
+            value=gauges.held_requests,
+        )
+        yield CounterMetricFamily(
+            "stepwatch_requests_held_seconds",
+            "Time requests waited for the scoring backlog.",
+            value=gauges.held_seconds,
+        )
+        dropped = CounterMetricFamily(
+            "stepwatch_exporter_queue_dropped",
+            "Score events an exporter could not take.",
+            labels=["exporter"],
+        )
+        for name, count in sorted(self._dropped().items()):
+            dropped.add_metric([name], count)
+        yield dropped
+
+
+class MetricsServer:
+    """HTTP endpoint: /metrics (Prometheus text), /healthz (alive), /readyz (ready to take traffic)."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        host: str,
+        port: int,
+        ready: Callable[[], bool],
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        middlewares: Sequence[Any] = (),
+        routes: Sequence[tuple[str, Callable[[web.Request], Any]]] = (),
+    ) -> None:
+        """`routes`: more GET pages on this port (the debug pages), behind the same middlewares."""
+        self._routes = list(routes)
+        self._ssl = ssl_context
+        self._middlewares = list(middlewares)
+        self._registry = registry
+        self._host = host
+        self._port = port
+        self._ready = ready
+        self._runner: web.AppRunner | None = None
+        self.port = port
+
+    async def start(self) -> None:
+        app = web.Application(middlewares=self._middlewares)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        for path, handler in self._routes:
+            app.router.add_get(path, handler)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True, ssl_context=self._ssl)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise bind_error(exc, "metrics endpoint", self._host, self._port) from exc
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        if sockets:
+            self.port = sockets[0].getsockname()[1]
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = await asyncio.to_thread(generate_latest, self._registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        if self._ready():
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="not ready\n")
+
+    async def shutdown(self) -> None:
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
