@@ -442,7 +442,26 @@ def _load_or_error(path: Path, label: str | None = None) -> Any:
         )
     if not loaded.spans:
         return f"{label or path}: no valid spans to score"
-    return loaded.spans
+    return _limited(loaded.spans, label or str(path))
+
+
+def _limited(spans: Any, label: str) -> Any:
+    """The spans with serve's close-time limits applied (serve's defaults), so a file scores as
+    the same spans would through `serve`: over-long values truncated, extra attributes dropped,
+    JSON nested too deeply left unwrapped. What was limited is said on stderr."""
+    from stepwatch.receiver.records import limit_spans
+    from stepwatch.security.config import LimitsConfig
+    from stepwatch.security.limits import LimitCounters
+
+    meter = LimitCounters()
+    spans = limit_spans(list(spans), LimitsConfig(), meter)
+    if meter.counts:
+        hits = ", ".join(f"{name} {count}" for name, count in sorted(meter.counts.items()))
+        print(
+            f"stepwatch score: warning: {label}: limits applied as serve applies them: {hits}",
+            file=sys.stderr,
+        )
+    return spans
 
 
 def _score_spans(

@@ -234,7 +234,7 @@ def test_dataset_help_names_the_file_and_the_inline_row_fields() -> None:
     assert "expected_plan" in dataset.help and "OpenInference span list" in dataset.help
 
 
-def _many_tool_calls(path: Path, steps: int) -> None:
+def _many_tool_calls(path: Path, steps: int, tool: str = "lookup") -> None:
     """One trace: a root agent span and `steps` tool calls under it, as an OTLP protobuf file."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
@@ -253,7 +253,7 @@ def _many_tool_calls(path: Path, steps: int) -> None:
         span.parent_span_id = root.span_id
         span.start_time_unix_nano, span.end_time_unix_nano = 2 + 2 * i, 3 + 2 * i
         span.attributes.extend(
-            [attr("gen_ai.operation.name", "execute_tool"), attr("gen_ai.tool.name", "lookup")]
+            [attr("gen_ai.operation.name", "execute_tool"), attr("gen_ai.tool.name", tool)]
         )
     path.write_bytes(request.SerializeToString())
 
@@ -276,3 +276,16 @@ def test_a_partition_too_large_to_align_is_not_scored_as_in_serve(tmp_path: Path
     proc = run("score", str(path), "--expected-steps", '["lookup"]', "--format", "json")
     (record,) = [json.loads(line) for line in proc.stdout.splitlines()]
     assert {r["metric"]: r for r in record["results"]}["agent.step_accuracy"]["score"] is not None
+
+
+def test_a_file_gets_serves_close_time_limits(tmp_path: Path) -> None:
+    """An attribute value over serve's max_attribute_value_length (8192) is truncated offline too,
+    with a warning, so the file scores as the same spans would through serve."""
+    path = tmp_path / "long.pb"
+    _many_tool_calls(path, 2, tool="t" * 9000)
+    proc = run("score", str(path), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert "limits applied as serve applies them: attribute_value_length 2" in proc.stderr
+    (record,) = [json.loads(line) for line in proc.stdout.splitlines()]
+    steps = {r["metric"]: r for r in record["results"]}["trajectory.step_count"]["metadata"]["steps"]
+    assert len(steps) == 2 and all(step.endswith("[truncated]") and len(step) < 9000 for step in steps)
