@@ -74,7 +74,7 @@ from .security import (
 )
 from .security.auth import TENANT_KEY
 from .security.limits import guard, load_bounded_expectations
-from .security.tenant_scope import EngineTenancy, TenantExpectations, TenantScope
+from .security.tenant_scope import TenantExpectations, TenantScope
 from .security.tenants import tenant_of
 
 log = logging.getLogger("stepwatch")
@@ -294,7 +294,8 @@ class Service:
             decode=lambda records, selection: decode_limited(
                 records, selection, self.limits, self.limit_meter, self._origins
             ),
-            tenancy=EngineTenancy(self.scope, self.tenant_expectations),
+            tenants=self.scope,
+            expectations=self.tenant_expectations.get,
             guard=lambda inp: guard(inp, self.limits, self.limit_meter),
             submit=self.fanout.submit,
             release=self._release,

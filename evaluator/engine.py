@@ -57,16 +57,14 @@ SpanDecoder = Callable[[Sequence[SpanRecord], AttributeSelection | None], list[S
 """A closed partition's span records as canonical spans (limits applied); None selection: whole."""
 
 
-class Tenancy(Protocol):
-    """How buffer keys map to tenants, and each tenant's own expectations (never another's)."""
+class TenantKeys(Protocol):
+    """How buffer keys carry their tenant (the security package's TenantScope)."""
 
     def split_trace(self, partition_id: str) -> tuple[str, str]: ...
 
     def split_session(self, key: str) -> tuple[str, str]: ...
 
     def session_key(self, tenant: str, session_id: str) -> str: ...
-
-    def expectations(self, tenant: str) -> ExpectationsStore: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +135,8 @@ class EvaluationEngine:
         settings: EngineSettings,
         *,
         decode: SpanDecoder,
-        tenancy: Tenancy,
+        tenants: TenantKeys,
+        expectations: Callable[[str], ExpectationsStore],
         guard: Guard,
         submit: Callable[[PartitionScores], None],
         release: Callable[[list[bytes]], None],
@@ -151,7 +150,8 @@ class EvaluationEngine:
         self.backlog = backlog
         self.settings = settings
         self._decode = decode
-        self._tenancy = tenancy
+        self._tenants = tenants
+        self._expectations = expectations
         self._guard = guard
         self._submit = submit
         self._release = release
@@ -311,18 +311,18 @@ class EvaluationEngine:
 
     def _process(self, closed: ClosedPartition) -> tuple[_Scored | None, list[ClosedPartition]]:
         keys = self.settings.task_key_attributes
-        tenancy = self._tenancy
+        tenants = self._tenants
         if closed.partition_type == "session":
-            tenant, partition_id = tenancy.split_session(closed.partition_id)
+            tenant, partition_id = tenants.split_session(closed.partition_id)
         else:
-            tenant, partition_id = tenancy.split_trace(closed.partition_id)
-        store = tenancy.expectations(tenant)  # this tenant's own, never another's
+            tenant, partition_id = tenants.split_trace(closed.partition_id)
+        store = self._expectations(tenant)  # this tenant's own, never another's
         spans = self._decode(closed.records, self._selection(store))
         if closed.needs_routing:
             partition = build_partition("trace", partition_id, spans, task_key_attributes=keys)
             expectation = store.get(partition.task_key)
             if expectation is not None and expectation.partition == "session" and partition.session_id:
-                session_key = tenancy.session_key(tenant, partition.session_id)
+                session_key = tenants.session_key(tenant, partition.session_id)
                 more = self.buffer.join_session(closed, session_key, partition.task_key)
                 trace_key = bytes.fromhex(closed.partition_id)
                 if not self.buffer.will_score(trace_key):  # late to a closed session, no revision

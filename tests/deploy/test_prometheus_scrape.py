@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from deploy_support import RULES, require_tool
+from processes import terminate
 
 pytestmark = pytest.mark.slow
 
@@ -73,13 +73,7 @@ def _wait(
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+    terminate(proc, 15)
 
 
 @pytest.fixture(scope="module")

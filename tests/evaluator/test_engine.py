@@ -23,10 +23,7 @@ from stepwatch.receiver.ingest import Ingestor
 from stepwatch.receiver.records import decode_records
 
 
-class _Tenancy:
-    def __init__(self, store: ExpectationsStore) -> None:
-        self.store = store
-
+class _OneTenant:
     def split_trace(self, partition_id: str) -> tuple[str, str]:
         return "default", partition_id
 
@@ -35,9 +32,6 @@ class _Tenancy:
 
     def session_key(self, tenant: str, session_id: str) -> str:
         return session_id
-
-    def expectations(self, tenant: str) -> ExpectationsStore:
-        return self.store
 
 
 class _SpanCount:
@@ -78,6 +72,7 @@ class _Rig:
             entries["slow_judge"] = ScorerEntry(lambda e: _SlowJudge())
         self.events: list[PartitionScores] = []
         self.released: list[bytes] = []
+        store = parse_expectations(tasks, "tasks.yaml")
         self.engine = EvaluationEngine(
             self.buffer,
             ScorerRegistry(entries),
@@ -85,7 +80,8 @@ class _Rig:
             ScoringBacklog(10_000, 0.1),
             EngineSettings(task_key_attributes=("aip.task.key",)),
             decode=lambda records, selection: decode_records(records),
-            tenancy=_Tenancy(parse_expectations(tasks, "tasks.yaml")),
+            tenants=_OneTenant(),
+            expectations=lambda tenant: store,
             guard=lambda inp: guard_reason,
             submit=self.events.append,
             release=self.released.extend,
@@ -181,7 +177,8 @@ async def test_inline_and_worker_threads_give_the_same_events(workers: int) -> N
         ScoringBacklog(10_000, 0.1),
         EngineSettings(task_key_attributes=("aip.task.key",), workers=workers),
         decode=lambda records, selection: decode_records(records),
-        tenancy=_Tenancy(ExpectationsStore()),
+        tenants=_OneTenant(),
+        expectations=lambda tenant: ExpectationsStore(),
         guard=lambda inp: None,
         submit=rig.events.append,
         release=rig.released.extend,
