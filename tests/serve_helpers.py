@@ -26,10 +26,21 @@ DATA_DIR_ENV = "STEPWATCH_DURABILITY__DATA_DIR"
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port free now and not handed out before in this test process.
+
+    The kernel may give a just-released port to the next bind(0), so two calls for one serve's
+    listeners could return the same port (seen in CI: metrics and OTLP/HTTP on one port)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def serve_env(*, clean: bool = False, **overrides: str) -> dict[str, str]:
