@@ -40,7 +40,7 @@ from stepwatch.exporters.judge_metrics import JudgeCollector
 from stepwatch.exporters.private_sink import PrivateSink
 from stepwatch.exporters.prometheus import PrometheusExporter
 from stepwatch.exporters.score_streams import ROOT_SPAN_ATTRIBUTE, build_score_streams
-from stepwatch.exporters.telemetry import BufferGauges, MetricsServer, Telemetry
+from stepwatch.exporters.telemetry import MetricsServer, Telemetry
 from stepwatch.receiver import spancore
 from stepwatch.receiver.decision_log import Decision, DecisionLog
 from stepwatch.receiver.grpc_server import OtlpGrpcReceiver
@@ -201,7 +201,9 @@ class Service:
         buf = config.buffer
         # no span can stay in a partition longer than this; holds older than it were never released
         self._max_wal_hold = buf.max_trace_age + buf.max_session_age + buf.late_span_window + 60.0
-        self.telemetry.watch_ingest(self.accounting, self._gauges, lambda: dict(self.fanout.dropped))
+        self.telemetry.watch_ingest(
+            self.accounting, self.buffer, self.backlog, lambda: dict(self.fanout.dropped)
+        )
         self.watcher: ExpectationsWatcher | None = None
         self.tenant_watchers: list[ExpectationsWatcher] = []
         if config.expectations.watch:
@@ -636,7 +638,7 @@ class Service:
         span_id = root_span_id(partition, first)
         return {ROOT_SPAN_ATTRIBUTE: span_id} if span_id else {}
 
-    # -- expectations and gauges ----------------------------------------------------------------
+    # -- expectations and auth --------------------------------------------------------------------
 
     def _load_expectations(self, path: Path) -> ExpectationsStore:
         return load_bounded_expectations(path, self.scorers.check_names, self.limits, self.limit_meter)
@@ -653,21 +655,6 @@ class Service:
         self.accounting.received[protocol] += spans
         self.accounting.rejected["auth"] += spans
         self.debug.rejections.record(Rejection(protocol, "auth", spans, "no valid bearer token"))
-
-    def _gauges(self) -> BufferGauges:
-        return BufferGauges(
-            buffered_spans=self.buffer.buffered_spans,
-            buffered_spans_limit=self.config.buffer.max_buffered_spans,
-            open_partitions=self.buffer.open_partitions(),
-            retained_spans=self.buffer.retained_spans,
-            scoring_backlog_spans=self.backlog.spans,
-            held_requests=self.backlog.held_requests,
-            held_seconds=self.backlog.held_seconds,
-            ledger_entries=self.ledger.entries,
-            ledger_bytes=self.ledger.bytes,
-            ledger_bytes_limit=self.ledger.limits.max_bytes,
-            ledger_evictions=self.ledger.evictions,
-        )
 
 
 def _decision_log_config(wal: WalConfig) -> WalConfig:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -21,6 +20,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from stepwatch.evaluator.accounting import SpanAccounting
+from stepwatch.evaluator.backlog import ScoringBacklog
+from stepwatch.evaluator.buffer import PartitionBuffer
 from stepwatch.listen_errors import bind_error
 
 
@@ -33,11 +34,13 @@ class Telemetry:
     def watch_ingest(
         self,
         accounting: SpanAccounting,
-        gauges: Callable[[], BufferGauges],
+        buffer: PartitionBuffer,
+        backlog: ScoringBacklog,
         dropped: Callable[[], dict[str, int]],
     ) -> None:
-        """Expose the span accounting and buffer gauges (read at scrape time)."""
-        self.registry.register(_IngestCollector(accounting, gauges, dropped))
+        """Expose the span accounting, the buffer's and ledger's gauges and the scoring backlog, read
+        from those components at scrape time."""
+        self.registry.register(_IngestCollector(accounting, buffer, backlog, dropped))
 
     def server(
         self,
@@ -55,32 +58,19 @@ class Telemetry:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class BufferGauges:
-    buffered_spans: int
-    buffered_spans_limit: int
-    open_partitions: dict[str, int]
-    retained_spans: int
-    scoring_backlog_spans: int = 0
-    held_requests: int = 0
-    held_seconds: float = 0.0
-    ledger_entries: int = 0
-    ledger_bytes: int = 0
-    ledger_bytes_limit: int = 0
-    ledger_evictions: int = 0
-
-
 class _IngestCollector(Collector):
     """Ingest and buffering families, computed from the live counters at scrape time."""
 
     def __init__(
         self,
         accounting: SpanAccounting,
-        gauges: Callable[[], BufferGauges],
+        buffer: PartitionBuffer,
+        backlog: ScoringBacklog,
         dropped: Callable[[], dict[str, int]],
     ) -> None:
         self._acc = accounting
-        self._gauges = gauges
+        self._buffer = buffer
+        self._backlog = backlog
         self._dropped = dropped
 
     def collect(self) -> Iterator[Metric]:
@@ -144,56 +134,58 @@ class _IngestCollector(Collector):
         for partition_type in ("trace", "session"):
             unmatched.add_metric([partition_type], acc.unmatched.get(partition_type, 0))
         yield unmatched
-        gauges = self._gauges()
+        buffer, ledger, backlog = self._buffer, self._buffer.ledger, self._backlog
         yield GaugeMetricFamily(
             "stepwatch_buffered_spans",
             "Spans in open partitions or awaiting scoring.",
-            value=gauges.buffered_spans,
+            value=buffer.buffered_spans,
         )
         yield GaugeMetricFamily(
-            "stepwatch_buffered_spans_limit", "buffer.max_buffered_spans.", value=gauges.buffered_spans_limit
+            "stepwatch_buffered_spans_limit",
+            "buffer.max_buffered_spans.",
+            value=buffer.limits.max_buffered_spans,
         )
         yield GaugeMetricFamily(
             "stepwatch_ledger_entries",
             "Closed traces whose span ids the decision ledger remembers (retries are duplicates).",
-            value=gauges.ledger_entries,
+            value=ledger.entries,
         )
         yield GaugeMetricFamily(
-            "stepwatch_ledger_bytes", "Estimated memory of the decision ledger.", value=gauges.ledger_bytes
+            "stepwatch_ledger_bytes", "Estimated memory of the decision ledger.", value=ledger.bytes
         )
         yield GaugeMetricFamily(
-            "stepwatch_ledger_bytes_limit", "ledger.max_bytes.", value=gauges.ledger_bytes_limit
+            "stepwatch_ledger_bytes_limit", "ledger.max_bytes.", value=ledger.limits.max_bytes
         )
         yield CounterMetricFamily(
             "stepwatch_ledger_evictions",
             "Decision-ledger entries dropped at ledger.max_bytes before their retention ran out.",
-            value=gauges.ledger_evictions,
+            value=ledger.evictions,
         )
         partitions = GaugeMetricFamily(
             "stepwatch_buffered_partitions", "Open partitions.", labels=["partition_type"]
         )
-        for partition_type, count in sorted(gauges.open_partitions.items()):
+        for partition_type, count in sorted(buffer.open_partitions().items()):
             partitions.add_metric([partition_type], count)
         yield partitions
         yield GaugeMetricFamily(
             "stepwatch_retained_spans",
             "Spans of closed partitions kept for late-span revisions.",
-            value=gauges.retained_spans,
+            value=buffer.retained_spans,
         )
         yield GaugeMetricFamily(
             "stepwatch_scoring_backlog_spans",
             "Spans of closed partitions waiting to be scored.",
-            value=gauges.scoring_backlog_spans,
+            value=backlog.spans,
         )
         yield CounterMetricFamily(
             "stepwatch_requests_held",
             "Requests whose answer waited for the scoring backlog (scoring.max_backlog_spans).",
-            value=gauges.held_requests,
+            value=backlog.held_requests,
         )
         yield CounterMetricFamily(
             "stepwatch_requests_held_seconds",
             "Time requests waited for the scoring backlog.",
-            value=gauges.held_seconds,
+            value=backlog.held_seconds,
         )
         dropped = CounterMetricFamily(
             "stepwatch_exporter_queue_dropped",
