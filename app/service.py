@@ -1,10 +1,11 @@
-"""The composition root of `stepwatch serve`: builds every component from the config, runs the
-close-detection sweep and the scoring worker, and owns start-up and draining shutdown.
+"""The composition root of `stepwatch serve`: builds every component from the config, connects them,
+and owns the one lifespan (start-up, the close-detection sweep loop, draining shutdown).
 
-Data flow: receivers -> Ingestor (SpanSink) -> PartitionBuffer -> sweep -> scoring worker threads
-(decode, partition, expectation lookup, scorers) -> FanOutExporter -> exporters (Prometheus, ...).
-Extension points: pass `exporters=` (any ScoreExporter) and `scorers=` (a ScorerRegistry) to
-`Service`; add a receiver by giving it `service.ingestor` as its SpanSink.
+Data flow: receivers -> Ingestor (SpanSink) -> PartitionBuffer -> sweep -> EvaluationEngine
+(evaluator/engine.py) -> FanOutExporter -> exporters; the delivery tracker acknowledges each event
+back to the span logs (receiver/span_logs.py), which release what held its spans. No domain logic
+lives here. Extension points: pass `exporters=` (any ScoreExporter) and `scorers=` (a
+ScorerRegistry) to `Service`; add a receiver by giving it `service.ingestor` as its SpanSink.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ from pathlib import Path
 from typing import cast
 
 from aiohttp import web
-from google.protobuf.message import DecodeError
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from stepwatch.evaluator.accounting import SpanAccounting
 from stepwatch.evaluator.backlog import ScoringBacklog
@@ -33,7 +32,6 @@ from stepwatch.evaluator.ledger import DecisionLedger
 from stepwatch.evaluator.model import Partition
 from stepwatch.evaluator.scorers.judge_registration import judge_scorer_entries
 from stepwatch.evaluator.scorers.registry import ScorerRegistry
-from stepwatch.evaluator.scores import PartitionScores
 from stepwatch.exporters.base import ExpectationsFollower, FanOutExporter, ScoreExporter, capabilities_of
 from stepwatch.exporters.events import root_span_id
 from stepwatch.exporters.judge_metrics import JudgeCollector
@@ -42,16 +40,17 @@ from stepwatch.exporters.prometheus import PrometheusExporter
 from stepwatch.exporters.score_streams import ROOT_SPAN_ATTRIBUTE, build_score_streams
 from stepwatch.exporters.telemetry import MetricsServer, Telemetry
 from stepwatch.receiver import spancore
-from stepwatch.receiver.decision_log import Decision, DecisionLog
+from stepwatch.receiver.decision_log import DecisionLog
 from stepwatch.receiver.grpc_server import OtlpGrpcReceiver
-from stepwatch.receiver.http_server import BadRequest, OtlpHttpReceiver, request_from_json
-from stepwatch.receiver.ingest import Ingestor, split_request
-from stepwatch.receiver.kafka_ingest import IngestedMessage, KafkaIngest, TopicPartition
+from stepwatch.receiver.http_server import OtlpHttpReceiver
+from stepwatch.receiver.ingest import Ingestor
+from stepwatch.receiver.kafka_ingest import KafkaIngest
+from stepwatch.receiver.kafka_sink import Backpressure, KafkaSpanSink
 from stepwatch.receiver.origin import OriginCache
 from stepwatch.receiver.records import decode_limited
 from stepwatch.receiver.rejections import Rejection
-from stepwatch.receiver.wal import RecordRef, WalClosed, WalConfig, WalFull, WriteAheadLog
-from stepwatch.receiver.wal_format import WalEntry
+from stepwatch.receiver.span_logs import SpanLogs
+from stepwatch.receiver.wal import WalConfig, WriteAheadLog
 
 from .config import ServiceConfig, parse_endpoint
 from .debug_pages import DebugPages
@@ -75,7 +74,6 @@ from .security import (
 from .security.auth import TENANT_KEY
 from .security.limits import guard, load_bounded_expectations
 from .security.tenant_scope import TenantExpectations, TenantScope
-from .security.tenants import tenant_of
 
 log = logging.getLogger("stepwatch")
 partition_log = logging.getLogger("stepwatch.partitions")  # sampled (stepwatch.logs)
@@ -172,7 +170,6 @@ class Service:
         wal_config = config.durability.wal_config()
         self.wal: WriteAheadLog | None = None
         self.decisions: DecisionLog | None = None
-        self._undecided: list[PartitionScores] = []  # delivered, decision not yet written (log full)
         if wal_config is not None:
             self.wal = WriteAheadLog(wal_config, registry=registry)
             self.ingestor.wal = self.wal
@@ -185,22 +182,39 @@ class Service:
             )
         self.kafka_ingest: KafkaIngest | None = None
         if config.receivers.kafka.enabled:
+            kafka = KafkaSpanSink(
+                self.ingestor,
+                self.buffer,
+                self.accounting,
+                config.receivers.kafka.encoding,
+                self.debug.rejections,
+            )
             self.kafka_ingest = KafkaIngest(
                 config.receivers.kafka,
-                self._from_kafka,
-                self._kafka_partitions_lost,
+                kafka,
+                kafka.lost,
                 registry=registry,
-                retry_on=(_Backpressure,),
-                on_paused=self._kafka_partitions_paused,
-                on_resumed=self._kafka_partitions_resumed,
+                retry_on=(Backpressure,),
+                on_paused=kafka.paused,
+                on_resumed=kafka.resumed,
             )
+        buf = config.buffer
+        self.logs = SpanLogs(
+            self.buffer,
+            self.accounting,
+            self.scope,
+            self.clock.monotonic,
+            wal=self.wal,
+            decisions=self.decisions,
+            kafka=self.kafka_ingest,
+            replay_grace=config.durability.replay_grace,
+            # no span can stay in a partition longer than this; holds older than it were never released
+            max_hold=buf.max_trace_age + buf.max_session_age + buf.late_span_window + 60.0,
+        )
         if self.wal is not None or self.kafka_ingest is not None:
-            tracker = DeliveryTracker(len(sinks), self._delivered)
+            tracker = DeliveryTracker(len(sinks), self.logs.delivered)
             sinks = [tracker.wrap(sink) for sink in sinks]
         self.fanout = FanOutExporter(sinks, config.exporters.queue_size)
-        buf = config.buffer
-        # no span can stay in a partition longer than this; holds older than it were never released
-        self._max_wal_hold = buf.max_trace_age + buf.max_session_age + buf.late_span_window + 60.0
         self.telemetry.watch_ingest(
             self.accounting, self.buffer, self.backlog, lambda: dict(self.fanout.dropped)
         )
@@ -300,14 +314,12 @@ class Service:
             expectations=self.tenant_expectations.get,
             guard=lambda inp: guard(inp, self.limits, self.limit_meter),
             submit=self.fanout.submit,
-            release=self._release,
+            release=self.logs.release,
             annotate=self._stream_attributes,
             limit_exceeded=self.limit_meter.exceeded,
             judge_runner=self.judge_runner,
         )
         self._sweeper: asyncio.Task[None] | None = None
-        self._reopened: set[bytes] = set()  # traces rebuilt by the replay, held open until _reopened_due
-        self._reopened_due = 0.0
         self._started = False
         self._stopping = False
 
@@ -327,7 +339,7 @@ class Service:
                 await watcher.start()
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="stepwatch-sweep")
         if self.wal is not None:
-            await self._replay_wal(self.wal)
+            await self.logs.replay(self.config.buffer.sweep_interval)
             await self.wal.start()
             if self.decisions is not None:
                 await self.decisions.log.start()
@@ -355,168 +367,6 @@ class Service:
         )
         self._started = True
 
-    def _delivered(self, event: PartitionScores) -> None:
-        """Every exporter has handled the event: the spans behind it need no replay.
-
-        With a write-ahead log, the decision (which span ids this revision scored) is written first
-        and the partition's log holds are released only once it is on disk: a replay then never
-        meets a decided trace's records without its decision (receiver/decision_log.py)."""
-        tenant = tenant_of(event.attributes)
-        keys = [self.scope.trace_key(tenant, bytes.fromhex(t)) for t in event.trace_ids]
-        if self.decisions is None or not event.scored_spans:
-            self._release(keys)
-            return
-        partition_id = (
-            self.scope.session_key(tenant, event.partition_id)
-            if event.partition_type == "session"
-            else keys[0].hex()
-            if event.partition_type == "trace" and keys
-            else event.partition_id
-        )
-        decision = Decision(event.partition_type, partition_id, event.revision, event.scored_spans)
-        try:
-            ref, written = self.decisions.append(decision)
-        except WalFull:
-            log.warning("decision log full: partition %s keeps its log holds until it has room", partition_id)
-            self._undecided.append(event)
-            return
-        except WalClosed:  # stopped: the holds stay, a replay re-scores the whole partition
-            return
-        written.add_done_callback(lambda done: self._decided(ref, keys, done))
-
-    def _decided(self, ref: RecordRef, keys: list[bytes], written: asyncio.Future[None]) -> None:
-        assert self.decisions is not None and self.wal is not None
-        if written.cancelled() or written.exception() is not None:
-            log.error("decision log write failed; partition keeps its log holds: %s", written.exception())
-            self.decisions.drop(ref)
-            return
-        segments: set[int] = set()
-        for key in keys:
-            segments |= self.wal.release(key)
-            if self.kafka_ingest is not None:
-                self.kafka_ingest.release(key)
-        self.decisions.keep(ref, segments)
-
-    def _release(self, keys: list[bytes]) -> None:
-        for log_ in (self.wal, self.kafka_ingest):
-            if log_ is not None:
-                for key in keys:
-                    log_.release(key)
-
-    async def _from_kafka(self, message: IngestedMessage) -> set[bytes]:
-        """One Kafka message into the buffer; its trace ids are the keys its offset is held by."""
-        try:
-            encoded: bytes | None = None
-            refused: list[tuple[str, str]] = []
-            if self.config.receivers.kafka.encoding == "otlp_json":
-                request, refused = request_from_json(message.value)
-            else:
-                request = ExportTraceServiceRequest.FromString(message.value)
-                encoded = message.value
-        except (BadRequest, DecodeError) as exc:
-            self.accounting.requests_rejected["decode"] += 1
-            where = f"{message.topic}[{message.partition}]@{message.offset}"
-            self.debug.rejections.record(
-                Rejection("kafka", "decode", 0, f"{where}: undecodable, skipped: {exc}")
-            )
-            return set()
-        await self.ingestor.admit()
-        result = self.ingestor.consume(request, "kafka", encoded=encoded, refused=refused)
-        if result.retry_after is not None or result.unavailable:
-            raise _Backpressure()
-        return set(result.keys)  # rejected spans are never scored: holding their offset would stall commits
-
-    def _kafka_partitions_paused(self, keys: set[object]) -> None:
-        """A rebalance began: traces fed by the revoked partitions wait for its outcome."""
-        paused = self.buffer.pause_traces({key for key in keys if isinstance(key, bytes)})
-        log.info("kafka: rebalancing, %d open trace(s) held open until partitions are assigned", len(paused))
-
-    def _kafka_partitions_resumed(self, keys: set[object]) -> None:
-        self.buffer.resume_traces({key for key in keys if isinstance(key, bytes)})
-
-    async def _kafka_partitions_lost(self, tps: set[TopicPartition], keys: set[object]) -> None:
-        """Another replica owns these Kafka partitions now: forget their unscored traces."""
-        dropped = self.buffer.discard_traces({key for key in keys if isinstance(key, bytes)})
-        if dropped:
-            self.accounting.rejected["handed_over"] += dropped
-        log.info(
-            "kafka: %d partition(s) handed over, %d buffered span(s) left to the new owner", len(tps), dropped
-        )
-
-    async def _replay_wal(self, wal: WriteAheadLog) -> None:
-        """Rebuild the buffers from the log before any receiver opens (timers start now).
-
-        Decisions first: a replayed span of a trace already scored is a duplicate (or late), so a
-        trace is either rebuilt from all of its records (never decided: nothing of it was released)
-        or not scored again; never a fragment of it."""
-        decisions = self._replay_decisions()
-        decided_in: dict[bytes, set[int]] = {}  # decided trace -> WAL segments holding its records
-        ledger = self.ledger
-        records_replayed = spans = 0
-        reopened: set[bytes] = set()  # open traces rebuilt here: held open for the clients' retries
-        with ledger.unbounded():  # an entry evicted mid-replay would let a fragment through
-            for ref, payload in wal.replay():
-                entry = WalEntry.from_bytes(payload)
-                request = ExportTraceServiceRequest.FromString(entry.data)
-                records, _, _, _ = split_request(request, entry.data)
-                if entry.tenant:  # spans of a named tenant: back under that tenant's keys
-                    records = [(self.scope.trace_key(entry.tenant, r[0]), *r[1:]) for r in records]  # type: ignore[misc]
-                self.accounting.replayed += len(records)
-                if decisions:
-                    for rec in records:
-                        if ledger.get(rec[0]) is not None:
-                            decided_in.setdefault(rec[0], set()).add(ref.segment)
-                # Acknowledged before the crash, so never refused now: offered in pieces that fit
-                # the buffer (a lowered max_buffered_spans must not hang start-up), waiting for room.
-                piece = max(1, self.buffer.limits.max_buffered_spans)
-                keys: set[bytes] = set()
-                for start in range(0, len(records), piece):
-                    chunk = records[start : start + piece]
-                    while (admission := self.buffer.offer(chunk, duplicate_source="replayed")).full:
-                        await asyncio.sleep(self.config.buffer.sweep_interval)
-                    taken = chunk if admission.taken is None else admission.taken
-                    keys.update(rec[0] for rec in taken if self.buffer.will_score(rec[0]))
-                    reopened |= self.buffer.pause_traces({rec[0] for rec in taken} - reopened)
-                wal.track(ref, keys)
-                records_replayed += 1
-                spans += len(records)
-                if records_replayed % 64 == 0:
-                    await asyncio.sleep(0)
-        if self.decisions is not None:
-            for ref, decision in decisions:
-                self.decisions.keep(ref, set().union(*(decided_in.get(k, ()) for k in decision.spans)))
-        grace = self.config.durability.replay_grace
-        if reopened:
-            log.info(
-                "write-ahead log: %d rebuilt open trace(s) wait %.1f s for their clients' retries before "
-                "their idle timers start (durability.replay_grace)",
-                len(reopened),
-                grace,
-            )
-            self._reopened, self._reopened_due = reopened, self.clock.monotonic() + grace
-        if records_replayed:
-            log.info(
-                "write-ahead log: replayed %d span(s) from %d record(s), %d decision(s); %d span(s) "
-                "were already scored",
-                spans,
-                records_replayed,
-                len(decisions),
-                self.accounting.duplicates["replayed"],
-            )
-
-    def _replay_decisions(self) -> list[tuple[RecordRef, Decision]]:
-        """Seed the ledger with every decision on disk (latest revision wins)."""
-        if self.decisions is None:
-            return []
-        out = list(self.decisions.replay())
-        with self.ledger.unbounded():
-            for _, decision in out:
-                for trace_key, ids in decision.spans.items():
-                    self.ledger.restore(trace_key, ids, decision.partition_id, decision.revision)
-                if decision.partition_type == "session":
-                    self.ledger.session_closed(decision.partition_id, decision.revision)
-        return out
-
     @staticmethod
     def _addr(port: int, endpoint: str) -> str:
         host, _ = parse_endpoint(endpoint)
@@ -524,10 +374,7 @@ class Service:
 
     async def flush_decisions(self) -> None:
         """Wait until every decision queued so far is written and its partition's holds released."""
-        if self.decisions is not None:
-            await self.decisions.log.flush()
-            for _ in range(3):
-                await asyncio.sleep(0)
+        await self.logs.flush_decisions()
 
     def ready(self) -> bool:
         return self._started and not self._stopping
@@ -601,30 +448,17 @@ class Service:
             except Exception:
                 log.exception("close-detection sweep failed")
                 continue
-            if self.wal is not None:
-                expired = self.wal.expire_holds(self._max_wal_hold)
-                if expired:
-                    log.warning("write-ahead log: released %d partition hold(s) never released", expired)
+            self.logs.expire_holds()
 
     def sweep_now(self) -> None:
         """One close-detection sweep: dispatch what closed, release holds no score will release.
 
         The sweep loop's step; tests with a manual clock call it directly."""
-        if self._reopened and self.clock.monotonic() >= self._reopened_due:
-            reopened, self._reopened = self._reopened, set()
-            self.buffer.resume_traces(reopened)  # their idle timers start now
+        self.logs.resume_replayed()
         closed = self.buffer.sweep()
         if closed:
             self.engine.dispatch(closed)
-        dropped = self.buffer.take_dropped_revisions()
-        if dropped:
-            self._release(dropped)
-        if self.decisions is not None:
-            self.decisions.sweep()
-            if self._undecided:
-                retry, self._undecided = self._undecided, []
-                for event in retry:
-                    self._delivered(event)
+        self.logs.sweep()
 
     def _stream_attributes(self, partition: Partition) -> dict[str, str]:
         """The first trace's root span, where the OTel evaluation events and ScoreEvents point."""
@@ -667,7 +501,3 @@ def _decision_log_config(wal: WalConfig) -> WalConfig:
             "max_bytes": max(2 * segment, wal.max_bytes // 8),
         }
     )
-
-
-class _Backpressure(Exception):
-    """The buffer (or the service) cannot take a Kafka message now: retry it after a backoff."""

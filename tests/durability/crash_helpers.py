@@ -106,4 +106,7 @@ def score_lines(events: Path) -> list[list[object]]:
     path = events.with_name(events.name + ".scores")
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text()
+    # the recorder may be writing its last line right now: read only complete lines
+    complete = text[: text.rfind("\n") + 1]
+    return [json.loads(line) for line in complete.splitlines() if line.strip()]
