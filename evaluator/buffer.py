@@ -7,9 +7,9 @@ Lifecycle of a trace:
 - open: spans arrive; it closes when its root span has ended and no span arrived for
   `trace_idle_timeout` (a trace whose root never arrives: `rootless_trace_idle_timeout`), at
   `max_trace_age` since its first span, or early when it reaches `max_spans_per_trace` (`limit`).
-- closed, awaiting routing: `sweep()` hands it out with `needs_routing`; the worker decodes it,
-  finds its task key and session, and calls `settle_trace()` (score it as a trace) or
-  `join_session()` (its session's expectation says `partition: session`).
+- closed, awaiting routing: `sweep()` hands it out with `needs_routing`; the engine decodes it,
+  finds its task key and session, and gives its decision to `route()`: scored as a trace, or
+  added to its session (the session's expectation says `partition: session`).
 - A session closes when none of its traces had a span for `session_idle_timeout`, at
   `max_session_age`, or when it holds `max_traces_per_session` traces (`limit`).
 - A closed partition is remembered for `late_span_window`: spans that arrive for it are counted
@@ -136,8 +136,8 @@ class ClosedPartition:
 
     `records` is a snapshot (never mutated afterwards). `new_spans` is how many spans are scored for
     the first time (0 for a revision, whose late spans were counted late). `needs_routing` marks a
-    trace whose partition type is not decided yet: the worker must call `settle_trace` or
-    `join_session` with it, then `done` after scoring.
+    trace whose partition type is not decided yet: the engine must `route` it, then call `done`
+    after scoring.
     """
 
     partition_type: PartitionType
@@ -151,6 +151,15 @@ class ClosedPartition:
     session_id: str | None = None
     needs_routing: bool = False
     handle: object = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRoute:
+    """Where a closed trace goes when its expectation scores sessions: `key` is the tenant-scoped
+    session key; `task_key` the one the session is scored against if this trace starts it."""
+
+    key: str
+    task_key: str | None
 
 
 class _OpenTrace:
@@ -544,8 +553,16 @@ class PartitionBuffer:
 
     # -- routing and completion (scoring worker) --------------------------------------------------
 
-    def settle_trace(self, closed: ClosedPartition) -> None:
-        """The closed trace is scored as a trace partition: keep it for the late window."""
+    def route(self, closed: ClosedPartition, session: SessionRoute | None = None) -> list[ClosedPartition]:
+        """The engine's decision for a closed trace awaiting routing: scored as a trace partition
+        (`session` None: kept for the late window) or added to its session. Returns the session when
+        adding the trace closed it (`limit`). Raises ValueError for a trace not awaiting routing."""
+        if session is None:
+            self._settle_trace(closed)
+            return []
+        return self._join_session(closed, session.key, session.task_key)
+
+    def _settle_trace(self, closed: ClosedPartition) -> None:
         with self._lock:
             now = self._now()
             part = self._handle(closed)
@@ -559,10 +576,9 @@ class PartitionBuffer:
                 self.accounting.late += len(late)
                 self._late(part, late, now)
 
-    def join_session(
+    def _join_session(
         self, closed: ClosedPartition, session_id: str, task_key: str | None
     ) -> list[ClosedPartition]:
-        """Add a closed trace to its session; returns the session if that closed it (`limit`)."""
         with self._lock:
             now = self._now()
             trace_part = self._handle(closed)

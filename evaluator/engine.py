@@ -21,7 +21,7 @@ from typing import Protocol
 
 from .accounting import SpanAccounting
 from .backlog import ScoringBacklog
-from .buffer import ClosedPartition, PartitionBuffer, SpanRecord
+from .buffer import ClosedPartition, PartitionBuffer, SessionRoute, SpanRecord
 from .expectation import Expectation
 from .expectations_store import ExpectationsStore
 from .judge.runner import JudgeRunner
@@ -302,7 +302,7 @@ class EvaluationEngine:
                 self.buffer.done(item)
                 if item.needs_routing:
                     with contextlib.suppress(ValueError):
-                        self.buffer.settle_trace(item)
+                        self.buffer.route(item)
                 continue
             queue.extend(more)
             if scored is not None:
@@ -323,14 +323,14 @@ class EvaluationEngine:
             expectation = store.get(partition.task_key)
             if expectation is not None and expectation.partition == "session" and partition.session_id:
                 session_key = tenants.session_key(tenant, partition.session_id)
-                more = self.buffer.join_session(closed, session_key, partition.task_key)
+                more = self.buffer.route(closed, SessionRoute(session_key, partition.task_key))
                 trace_key = bytes.fromhex(closed.partition_id)
                 if not self.buffer.will_score(trace_key):  # late to a closed session, no revision
                     self._release([trace_key])
                 if any(c.reason == "limit" for c in more):
                     self._limit_exceeded("traces_per_session")
                 return None, more
-            self.buffer.settle_trace(closed)
+            self.buffer.route(closed)
         elif closed.partition_type == "session":
             partition = build_partition(
                 "session", partition_id, spans, task_key_attributes=keys, session_id=partition_id

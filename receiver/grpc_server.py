@@ -6,7 +6,7 @@
 - spans invalid on their own: OK with partial_success (rejected_spans, error_message), the valid
   spans of the request are kept;
 - buffer or write-ahead log full: RESOURCE_EXHAUSTED *with* google.rpc.RetryInfo (retryable per
-  OTLP), nothing taken; the message names which bound (receiver/outcome.py);
+  OTLP), nothing taken; the message names which bound (receiver/answer.py);
 - shutting down, or the write-ahead log write failed: UNAVAILABLE with RetryInfo.
 RetryInfo travels both in `grpc-status-details-bin` (google.rpc.Status details) and in the
 `google.rpc.retryinfo-bin` trailer that the OpenTelemetry Python exporter reads.
@@ -31,7 +31,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from stepwatch.evaluator.accounting import SpanAccounting
 
 from .ingest import SpanSink
-from .outcome import ingest
+from .answer import answer_request
 from .rejections import Rejection, rejection_of
 
 log = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ class OtlpGrpcReceiver:
             self._rejected(Rejection(PROTOCOL, "decode", 0, message))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
         tenant = self._tenant() if self._tenant is not None else None
-        outcome = await ingest(self._sink, request, PROTOCOL, tenant, data)
+        outcome = await answer_request(self._sink, request, PROTOCOL, tenant, data)
         if self._on_rejected is not None:
             rejection = rejection_of(PROTOCOL, outcome, request, tenant)
             if rejection is not None:

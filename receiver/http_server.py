@@ -4,7 +4,7 @@ Responses follow the OTLP specification and use the request's Content-Type: 200 
 ExportTraceServiceResponse (partial_success when spans were rejected), 400 with a google.rpc.Status
 for bad data, 413 over `max_body_bytes` (checked on the wire and again while decompressing),
 415 for an unsupported Content-Type or Content-Encoding, 429 + Retry-After when the buffer or the
-write-ahead log is full (the message names which; receiver/outcome.py), 503 + Retry-After while
+write-ahead log is full (the message names which; receiver/answer.py), 503 + Retry-After while
 shutting down or when a write-ahead log write failed.
 """
 
@@ -32,7 +32,7 @@ from stepwatch.listen_errors import bind_error
 
 from .decoded import INVALID_SPAN, INVALID_TIMESTAMP
 from .ingest import SpanSink
-from .outcome import ingest
+from .answer import answer_request
 from .rejections import Rejection, rejection_of
 
 PROTOCOL = "http"
@@ -239,7 +239,7 @@ class OtlpHttpReceiver:
             self._rejected("decode", str(exc))
             return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), media)
         tenant = self._tenant(request) if self._tenant is not None else None
-        outcome = await ingest(self._sink, otlp, PROTOCOL, tenant, encoded, refused)
+        outcome = await answer_request(self._sink, otlp, PROTOCOL, tenant, encoded, refused)
         if self._on_rejected is not None:
             rejection = rejection_of(PROTOCOL, outcome, otlp, tenant)
             if rejection is not None:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from .outcome import BUFFER_FULL, SHUTTING_DOWN, WAL_FULL, Outcome
+from .answer import BUFFER_FULL, SHUTTING_DOWN, WAL_FULL, ExportAnswer
 
 log = logging.getLogger("stepwatch.rejections")
 
@@ -61,7 +61,7 @@ _REFUSALS = {BUFFER_FULL: "buffer_full", WAL_FULL: "wal_full", SHUTTING_DOWN: "s
 
 
 def rejection_of(
-    protocol: str, outcome: Outcome, request: ExportTraceServiceRequest, tenant: str | None
+    protocol: str, outcome: ExportAnswer, request: ExportTraceServiceRequest, tenant: str | None
 ) -> Rejection | None:
     """The rejection an ingest outcome is, if any: refused whole (backpressure, shutting down, a
     failed log write) or in part (partial success with rejected spans)."""

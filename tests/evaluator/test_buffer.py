@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from stepwatch.evaluator.accounting import SpanAccounting
-from stepwatch.evaluator.buffer import ROOT_ENDED, BufferLimits, ClosedPartition, PartitionBuffer
+from stepwatch.evaluator.buffer import (
+    ROOT_ENDED,
+    BufferLimits,
+    ClosedPartition,
+    PartitionBuffer,
+    SessionRoute,
+)
 from stepwatch.evaluator.clock import ManualClock
 from stepwatch.evaluator.ledger import DecisionLedger, LedgerLimits
 
@@ -89,7 +95,7 @@ def test_full_buffer_takes_nothing_and_accepted_spans_still_close() -> None:
     clock.advance(2)
     (closed,) = buf.sweep()
     assert len(closed.records) == 2
-    buf.settle_trace(closed)
+    buf.route(closed)
     assert buf.buffered_spans == 2  # still held until scored: scoring backlog also pushes back
     buf.done(closed)
     assert buf.offer([rec(2, 1), rec(2, 2)]).accepted == 2
@@ -101,7 +107,7 @@ def test_trace_over_span_limit_closes_early_and_rest_is_rejected_limit() -> None
     assert (adm.accepted, adm.limit) == (3, 2)
     (closed,) = buf.sweep()
     assert closed.reason == "limit" and len(closed.records) == 3
-    buf.settle_trace(closed)
+    buf.route(closed)
     assert buf.offer([rec(1, 9)]).limit == 1
     assert acc.rejected["limit"] == 3
 
@@ -111,7 +117,7 @@ def test_late_span_counts_late_and_yields_one_coalesced_revision() -> None:
     buf.offer([rec(1, 1), rec(1, 2, root=True)])
     clock.advance(2)
     (closed,) = buf.sweep()
-    buf.settle_trace(closed)
+    buf.route(closed)
     score(buf, acc, closed)
     clock.advance(1)
     assert buf.offer([rec(1, 3)]).late == 1
@@ -140,7 +146,7 @@ def test_span_after_window_is_late_while_the_ledger_remembers_then_a_new_trace()
     buf.offer([rec(1, 1, root=True)])
     clock.advance(2)
     (closed,) = buf.sweep()
-    buf.settle_trace(closed)
+    buf.route(closed)
     clock.advance(6)
     assert buf.sweep() == []
     # past the late window: a retry is still a duplicate, a new span is late and left out (a new
@@ -161,7 +167,7 @@ def test_late_spans_beyond_retention_are_counted_without_revision() -> None:
     buf.offer([rec(1, 1), rec(1, 2, root=True)])
     clock.advance(2)
     (closed,) = buf.sweep()
-    buf.settle_trace(closed)
+    buf.route(closed)
     assert buf.offer([rec(1, 3)]).late == 1
     clock.advance(3)
     assert buf.sweep() == []
@@ -173,12 +179,12 @@ def test_traces_join_a_session_which_closes_when_idle() -> None:
     buf.offer([rec(1, 1, root=True)])
     clock.advance(2)
     (t1,) = buf.sweep()
-    assert buf.join_session(t1, "s1", "task") == []
+    assert buf.route(t1, SessionRoute("s1", "task")) == []
     clock.advance(1)
     buf.offer([rec(2, 1, root=True)])
     clock.advance(2)
     (t2,) = buf.sweep()
-    buf.join_session(t2, "s1", "task")
+    buf.route(t2, SessionRoute("s1", "task"))
     assert buf.open_partitions() == {"trace": 0, "session": 1}
     clock.advance(7.9)  # 9.9 s since the last span of trace 2
     assert buf.sweep() == []
@@ -195,7 +201,7 @@ def test_span_for_trace_of_open_session_extends_session_not_late() -> None:
     buf.offer([rec(1, 1, root=True)])
     clock.advance(2)
     (t1,) = buf.sweep()
-    buf.join_session(t1, "s1", None)
+    buf.route(t1, SessionRoute("s1", None))
     assert buf.offer([rec(1, 2)]).accepted == 1
     clock.advance(5)
     (session,) = buf.sweep()
@@ -207,14 +213,14 @@ def test_trace_for_closed_session_is_late_and_revises_session() -> None:
     buf.offer([rec(1, 1, root=True)])
     clock.advance(2)
     (t1,) = buf.sweep()
-    buf.join_session(t1, "s1", "task")
+    buf.route(t1, SessionRoute("s1", "task"))
     clock.advance(5)
     (session,) = buf.sweep()
     score(buf, acc, session)
     buf.offer([rec(2, 1), rec(2, 2, root=True)])
     clock.advance(2)
     (t2,) = buf.sweep()
-    assert buf.join_session(t2, "s1", "task") == []
+    assert buf.route(t2, SessionRoute("s1", "task")) == []
     assert acc.late == 2 and buf.buffered_spans == 0
     clock.advance(2)
     (revision,) = buf.sweep()
@@ -227,8 +233,8 @@ def test_session_over_trace_limit_closes_early() -> None:
         buf.offer([rec(t, 1, root=True)])
     clock.advance(2)
     t1, t2 = buf.sweep()
-    assert buf.join_session(t1, "s", None) == []
-    (session,) = buf.join_session(t2, "s", None)
+    assert buf.route(t1, SessionRoute("s", None)) == []
+    (session,) = buf.route(t2, SessionRoute("s", None))
     assert session.reason == "limit" and len(session.records) == 2
 
 
@@ -238,7 +244,7 @@ def test_spans_arriving_while_trace_is_routed_are_kept() -> None:
     clock.advance(2)
     (t1,) = buf.sweep()
     assert buf.offer([rec(1, 2)]).accepted == 1  # the worker has not routed it yet
-    buf.settle_trace(t1)
+    buf.route(t1)
     assert acc.late == 1 and buf.buffered_spans == 1
     clock.advance(2)
     (revision,) = buf.sweep()
@@ -250,8 +256,8 @@ def test_close_all_drains_traces_sessions_and_revisions() -> None:
     buf.offer([rec(1, 1, root=True), rec(2, 1)])
     out = buf.close_all()
     assert sorted(c.reason for c in out) == ["shutdown", "shutdown"]
-    buf.join_session(out[0], "s", None)
-    buf.settle_trace(out[1])
+    buf.route(out[0], SessionRoute("s", None))
+    buf.route(out[1])
     (session,) = buf.close_all()
     assert session.partition_type == "session" and session.reason == "shutdown"
 
@@ -261,9 +267,9 @@ def test_routing_a_partition_twice_is_refused() -> None:
     buf.offer([rec(1, 1, root=True)])
     clock.advance(2)
     (t1,) = buf.sweep()
-    buf.settle_trace(t1)
+    buf.route(t1)
     with pytest.raises(ValueError, match="not awaiting routing"):
-        buf.settle_trace(t1)
+        buf.route(t1)
 
 
 def test_will_score_follows_a_trace_until_no_event_will_name_it() -> None:
@@ -276,14 +282,14 @@ def test_will_score_follows_a_trace_until_no_event_will_name_it() -> None:
     clock.advance(2.1)
     (closed,) = buf.sweep()
     assert buf.will_score(key)  # awaiting routing
-    buf.settle_trace(closed)
+    buf.route(closed)
     score(buf, acc, closed)
     assert not buf.will_score(key)  # scored, not retained: a late span brings no revision
     buf2, clock2, acc2 = make()
     buf2.offer([rec(1, 1, root=True)])
     clock2.advance(2.1)
     (closed2,) = buf2.sweep()
-    buf2.settle_trace(closed2)
+    buf2.route(closed2)
     score(buf2, acc2, closed2)
     assert buf2.offer([rec(1, 2)]).late == 1
     assert buf2.will_score(key)  # retained: the late span's revision will name it
@@ -299,13 +305,13 @@ def test_a_revision_cancelled_by_eviction_is_handed_back_for_release() -> None:
     buf.offer([rec(2, 1), rec(2, 2, root=True)])
     clock.advance(1.1)
     (closed,) = buf.sweep()  # trace 1 only
-    buf.settle_trace(closed)
+    buf.route(closed)
     score(buf, acc, closed)
     assert buf.offer([rec(1, 3)]).late == 1  # its revision is due 2 s from now
     assert buf.will_score(one) and buf.take_dropped_revisions() == []
     clock.advance(1.0)
     (closed2,) = buf.sweep()  # trace 2: retaining it evicts trace 1 (3 + 2 spans > 3)
-    buf.settle_trace(closed2)
+    buf.route(closed2)
     score(buf, acc, closed2)
     assert not buf.will_score(one)
     assert buf.take_dropped_revisions() == [one]
@@ -318,7 +324,7 @@ def test_a_revision_cancelled_by_eviction_is_handed_back_for_release() -> None:
 def _closed_and_settled(buf: PartitionBuffer, clock: ManualClock, acc: SpanAccounting) -> ClosedPartition:
     clock.advance(2.1)
     (closed,) = buf.sweep()
-    buf.settle_trace(closed)
+    buf.route(closed)
     score(buf, acc, closed)
     return closed
 
@@ -343,7 +349,7 @@ def test_retry_while_awaiting_routing_or_in_an_open_session_is_a_duplicate() -> 
     pending = buf.offer([rec(1, 2), rec(1, 3)])  # closed, not yet routed: 2 is a retry, 3 is new
     assert (pending.accepted, pending.duplicates) == (1, 1)
     assert pending.taken is not None and [r[1] for r in pending.taken] == [(3).to_bytes(8, "big")]
-    assert buf.join_session(closed, "s1", "task") == []
+    assert buf.route(closed, SessionRoute("s1", "task")) == []
     in_session = buf.offer([rec(1, 1, root=True), rec(1, 3), rec(1, 4)])
     assert (in_session.accepted, in_session.duplicates) == (1, 2)
     clock.advance(5.1)
@@ -376,7 +382,7 @@ def test_a_trace_the_ledger_evicted_is_late_and_left_out_within_the_window() -> 
     buf.offer([rec(1, 1, root=True), rec(2, 1, root=True)])
     clock.advance(2.1)
     for closed in buf.sweep():
-        buf.settle_trace(closed)
+        buf.route(closed)
         score(buf, acc, closed)
     assert ledger.evictions == 1 and ledger.entries == 1
     evicted = 1 if ledger.get((1).to_bytes(16, "big")) is None else 2
@@ -391,7 +397,7 @@ def test_a_trace_closing_into_a_session_scored_earlier_is_late() -> None:
     buf.offer([rec(1, 1, root=True)])
     clock.advance(2.1)
     (first,) = buf.sweep()
-    buf.join_session(first, "s1", "task")
+    buf.route(first, SessionRoute("s1", "task"))
     clock.advance(5.1)
     (session,) = buf.sweep()
     score(buf, acc, session)
@@ -400,7 +406,7 @@ def test_a_trace_closing_into_a_session_scored_earlier_is_late() -> None:
     buf.offer([rec(2, 1, root=True)])
     clock.advance(2.1)
     (second,) = buf.sweep()
-    assert buf.join_session(second, "s1", "task") == []
+    assert buf.route(second, SessionRoute("s1", "task")) == []
     assert acc.late == 1 and buf.buffered_spans == 0
     clock.advance(10)
     assert buf.sweep() == [], "no revision 0 of a fragment of the scored session"

@@ -57,7 +57,7 @@ def _late_span_keys(max_retained_spans: int) -> frozenset[bytes]:
     assert ingestor.consume(request, "grpc").keys
     clock.advance(60)
     for closed in buffer.sweep():  # scored as a trace partition
-        buffer.settle_trace(closed)
+        buffer.route(closed)
         buffer.done(closed)
     late = ExportTraceServiceRequest.FromString(corpus_bytes())
     spans = late.resource_spans[0].scope_spans[0].spans

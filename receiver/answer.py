@@ -19,7 +19,7 @@ WAL_FULL = "write-ahead log is full (durability.max_bytes); it frees space as bu
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
+class ExportAnswer:
     """One request's answer: `unavailable` -> UNAVAILABLE/503 (nothing acknowledged); else
     `retry_after` set -> RESOURCE_EXHAUSTED/429 (nothing taken); else `response` -> OK/200. Both
     refusals carry `retry_after` as RetryInfo / Retry-After, so clients retry them."""
@@ -30,14 +30,14 @@ class Outcome:
     response: ExportTraceServiceResponse | None = None
 
 
-async def ingest(
+async def answer_request(
     sink: SpanSink,
     request: ExportTraceServiceRequest,
     protocol: str,
     tenant: str | None = None,
     encoded: bytes | None = None,
     refused: Sequence[tuple[str, str]] = (),
-) -> Outcome:
+) -> ExportAnswer:
     """Hand `request` to the sink, wait for its write-ahead log record, and decide the answer.
 
     Messages name the cause only; each receiver appends how its protocol says when to retry.
@@ -52,14 +52,14 @@ async def ingest(
             await result.durable
         except OSError as exc:
             message = f"write-ahead log write failed ({exc.strerror or exc})"
-            return Outcome(message, retry_after=1.0, unavailable=True)
+            return ExportAnswer(message, retry_after=1.0, unavailable=True)
     if result.unavailable:
-        return Outcome(SHUTTING_DOWN, retry_after=1.0, unavailable=True)
+        return ExportAnswer(SHUTTING_DOWN, retry_after=1.0, unavailable=True)
     if result.retry_after is not None:
         message = WAL_FULL if result.refusal == "wal_full" else BUFFER_FULL
-        return Outcome(message, retry_after=result.retry_after)
+        return ExportAnswer(message, retry_after=result.retry_after)
     response = ExportTraceServiceResponse()
     if result.rejected or result.error_message:
         response.partial_success.rejected_spans = result.rejected
         response.partial_success.error_message = result.error_message
-    return Outcome(response=response)
+    return ExportAnswer(response=response)
