@@ -600,14 +600,27 @@ def _score_partition(partition: Any, expectation: Any, scorers: list[Any], runne
     """The engine's own scoring step (evaluator/engine.py), under serve's default limits: a
     partition too large to align gets the same not_scored results as it would in `serve`."""
     from stepwatch.evaluator.engine import evaluate
+
+    done = evaluate(partition, expectation, scorers, _serve_guard())
+    if done.pending:
+        done.results.extend(_run_async(done.inp, done.pending, runner))
+    return done.inp, done.results
+
+
+def _serve_guard() -> Any:
+    """The scoring guard under serve's default limits."""
     from stepwatch.security.config import LimitsConfig
     from stepwatch.security.limits import LimitCounters, guard
 
     limits, meter = LimitsConfig(), LimitCounters()
-    done = evaluate(partition, expectation, scorers, lambda inp: guard(inp, limits, meter))
-    if done.pending:
-        done.results.extend(_run_async(done.inp, done.pending, runner))
-    return done.inp, done.results
+    return lambda inp: guard(inp, limits, meter)
+
+
+def _guarded(inp: Any, scorers: list[Any]) -> tuple[list[Any], list[Any]]:
+    """(scorers to run, not_scored results of those serve's guard stops) for an inline row."""
+    from stepwatch.evaluator.engine import guarded_scorers
+
+    return guarded_scorers(scorers, _serve_guard()(inp))
 
 
 def _score_inline(job: InlineJob, args: argparse.Namespace) -> Record:
@@ -618,9 +631,12 @@ def _score_inline(job: InlineJob, args: argparse.Namespace) -> Record:
     record = Record(id=job.id, partition_type="trace")
     try:
         expectation, scorers = _selected_scorers(registry, job.expectation, args)
-        inp = inline_scoring_input(job.row, expectation, lambda doc: decode_openinference(doc).spans, job.id)
+        inp = inline_scoring_input(
+            job.row, expectation, lambda doc: _limited(decode_openinference(doc).spans, job.id), job.id
+        )
         record.partition_id, record.task_key = inp.partition.id, inp.partition.task_key
-        record.results = _with_unmet_requests(_run_async(inp, scorers, runner), args)
+        run, skipped = _guarded(inp, scorers)
+        record.results = _with_unmet_requests([*_run_async(inp, run, runner), *skipped], args)
     except ValueError as exc:  # DecodeError included: a bad inline trace is this row's error
         record.error = f"{job.id}: {exc}"
     return record

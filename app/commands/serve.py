@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stepwatch.service import Service
 
 HELP = "Run the streaming evaluator: OTLP receivers in, scores out (Prometheus /metrics)."
 
@@ -176,11 +181,33 @@ def flag_overrides(args: argparse.Namespace) -> dict[str, tuple[object, str]]:
     }
 
 
+async def run_until_signalled(service: Service, ready: Callable[[], None] = lambda: None) -> None:
+    """The lifespan of a serving process: start `service` (`ready` once it listens), serve until
+    SIGTERM or SIGINT, then drain it. A start-up failure (a port in use) is a UsageError."""
+    import asyncio
+    import logging
+    import signal
+
+    from stepwatch.cli import UsageError
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await service.start()
+    except OSError as exc:
+        await service.shutdown()
+        raise UsageError(f"cannot start: {exc.strerror or exc}") from None
+    ready()
+    await stop.wait()
+    logging.getLogger("stepwatch").info("signal received: draining")
+    await service.shutdown()
+
+
 def run(args: argparse.Namespace) -> int:
     import asyncio
     import gc
-    import logging
-    import signal
     from pathlib import Path
 
     from stepwatch.cli import UsageError
@@ -208,18 +235,7 @@ def run(args: argparse.Namespace) -> int:
             service = Service(config)
         except (ExpectationsError, TLSConfigError, AuthConfigError) as exc:
             raise UsageError(str(exc)) from None
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        try:
-            await service.start()
-        except OSError as exc:
-            await service.shutdown()
-            raise UsageError(f"cannot start: {exc.strerror or exc}") from None
-        await stop.wait()
-        logging.getLogger("stepwatch").info("signal received: draining")
-        await service.shutdown()
+        await run_until_signalled(service)
         return 0
 
     return asyncio.run(main())

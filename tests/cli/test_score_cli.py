@@ -289,3 +289,38 @@ def test_a_file_gets_serves_close_time_limits(tmp_path: Path) -> None:
     (record,) = [json.loads(line) for line in proc.stdout.splitlines()]
     steps = {r["metric"]: r for r in record["results"]}["trajectory.step_count"]["metadata"]["steps"]
     assert len(steps) == 2 and all(step.endswith("[truncated]") and len(step) < 9000 for step in steps)
+
+
+def _inline_trace_row(row_id: str, tools: int, tool: str) -> dict[str, object]:
+    """A dataset row whose `trace` is an inline OpenInference span list: an agent and `tools` tool spans."""
+
+    def span(i: int, parent: str | None, kind: str, attributes: dict[str, str]) -> dict[str, object]:
+        return {
+            "name": kind.lower(),
+            "context": {"trace_id": "0x" + "ab" * 16, "span_id": f"0x{i:016x}"},
+            "parent_id": parent,
+            "start_time": f"2026-07-08T11:07:{i // 10**6:02d}.{i % 10**6:06d}Z",
+            "end_time": f"2026-07-08T11:07:{(i + 1) // 10**6:02d}.{(i + 1) % 10**6:06d}Z",
+            "status": {"status_code": "OK"},
+            "attributes": {"openinference.span.kind": kind, **attributes},
+        }
+
+    trace = [span(1, None, "AGENT", {})]
+    trace += [span(i + 2, f"0x{1:016x}", "TOOL", {"tool.name": tool}) for i in range(tools)]
+    return {"id": row_id, "trace": trace, "expected_steps": ["lookup"]}
+
+
+def test_inline_dataset_traces_get_serves_limits(tmp_path: Path) -> None:
+    """A dataset row's inline span list is limited and guarded as a trace file is: values over 8192
+    characters truncated (with a warning), over max_steps_per_partition not_scored (exit 1)."""
+    data = tmp_path / "rows.jsonl"
+    rows = [_inline_trace_row("long", 2, "t" * 9000), _inline_trace_row("big", 2001, "lookup")]
+    data.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    proc = run("score", "--dataset", str(data), "--format", "json")
+    assert proc.returncode == 1, proc.stderr
+    assert "long: limits applied as serve applies them: attribute_value_length 2" in proc.stderr
+    got = {r["id"]: {x["metric"]: x for x in r["results"]} for r in map(json.loads, proc.stdout.splitlines())}
+    steps = got["long"]["agent.step_accuracy"]["metadata"]["actual_steps"]
+    assert len(steps) == 2 and all(step.endswith("[truncated]") and len(step) < 9000 for step in steps)
+    assert "over 2000" in got["big"]["agent.step_accuracy"]["not_scored"]
+    assert got["big"]["agent.step_accuracy"]["metadata"]["limit_exceeded"] is True

@@ -13,13 +13,12 @@ import argparse
 import asyncio
 import json
 import logging
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-from stepwatch.commands.serve import add_arguments, flag_overrides
+from stepwatch.commands.serve import add_arguments, flag_overrides, run_until_signalled
 from stepwatch.config import load_config
 from stepwatch.evaluator.scores import PartitionScores
 from stepwatch.exporters.base import Capabilities
@@ -80,14 +79,7 @@ async def main(events: Path, args: argparse.Namespace) -> None:
     config = load_config(Path(args.config) if args.config else None, flags=flag_overrides(args))
     logging.basicConfig(level=config.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     service = Service(config, exporters=[JsonLinesExporter(events)])
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await service.start()
-    print("ready", flush=True)
-    await stop.wait()
-    await service.shutdown()
+    await run_until_signalled(service, ready=lambda: print("ready", flush=True))
 
 
 if __name__ == "__main__":

@@ -12,12 +12,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from stepwatch.commands.serve import add_arguments, flag_overrides
+from stepwatch.commands.serve import add_arguments, flag_overrides, run_until_signalled
 from stepwatch.config import load_config
 from stepwatch.evaluator.scores import PartitionScores
 from stepwatch.service import Service
@@ -72,19 +72,10 @@ class FileEventExporter:
 
 
 async def main(events: Path, args: argparse.Namespace) -> None:
-    import logging
-
     config = load_config(None, flags=flag_overrides(args))
     logging.basicConfig(level=config.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     service = Service(config, exporters=[FileEventExporter(events)])
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await service.start()
-    print("ready", flush=True)
-    await stop.wait()
-    await service.shutdown()
+    await run_until_signalled(service, ready=lambda: print("ready", flush=True))
 
 
 if __name__ == "__main__":
