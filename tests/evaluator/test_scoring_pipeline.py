@@ -239,3 +239,30 @@ def test_only_a_with_rule_reads_step_io() -> None:
     assert reads_step_io(rules, constrained)
     assert "input.value" not in scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES, step_io=False)
     assert "input.value" in scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES)
+
+
+SPEC_ATTRIBUTES = [
+    # step-accuracy.txt rules 1-2 (kinds, names, embedded calls) and the rounds' call ids
+    "openinference.span.kind", "gen_ai.operation.name", "gen_ai.tool.name", "tool.name", "aip.agent.name",
+    "gen_ai.agent.name", "agent.name", "gen_ai.output.messages",
+    "llm.output_messages.0.message.tool_calls.0.tool_call.function.name",
+    "llm.output_messages.3.message.tool_calls.12.tool_call.id", "gen_ai.tool.call.id", "tool.call.id",
+    # trajectory-format.txt: token usage
+    "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens", "llm.token_count.prompt", "llm.token_count.completion",
+    # partitions: sessions, task keys, per-occurrence expected steps
+    "session.id", "gen_ai.conversation.id", "aip.task.key", "aip.eval.expected_steps",
+]  # fmt: skip
+SPEC_IO_ATTRIBUTES = [
+    "gen_ai.tool.call.arguments", "input.value", "gen_ai.tool.call.result", "output.value", "gen_ai.completion",
+]  # fmt: skip
+
+
+def test_scoring_attributes_hold_every_attribute_the_specs_read() -> None:
+    """A partition decoded with only these attributes must score like a full decode; the specs name
+    what scoring reads (the corpus does not carry every convention: tests/receiver/test_otlp_selective.py)."""
+    full, slim = (scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES, step_io=io) for io in (True, False))
+    assert [key for key in SPEC_ATTRIBUTES + SPEC_IO_ATTRIBUTES if key not in full] == []
+    assert [key for key in SPEC_ATTRIBUTES if key not in slim] == []
+    assert [key for key in SPEC_IO_ATTRIBUTES if key in slim] == []
+    assert "custom.task" in scoring_attributes(["custom.task"])
+    assert "llm.input_messages.0.message.content" not in full  # prompts are never converted
