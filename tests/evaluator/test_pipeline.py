@@ -259,7 +259,7 @@ SPEC_IO_ATTRIBUTES = [
 
 def test_scoring_attributes_hold_every_attribute_the_specs_read() -> None:
     """A partition decoded with only these attributes must score like a full decode; the specs name
-    what scoring reads (the corpus does not carry every convention: tests/receiver/test_otlp_selective.py)."""
+    what scoring reads (the corpus does not carry every convention; tests/receiver/test_otlp_selective.py)."""
     full, slim = (scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES, step_io=io) for io in (True, False))
     assert [key for key in SPEC_ATTRIBUTES + SPEC_IO_ATTRIBUTES if key not in full] == []
     assert [key for key in SPEC_ATTRIBUTES if key not in slim] == []
