@@ -268,26 +268,9 @@ def test_tool_input_output_genai_then_openinference_json_unwrapped(
 
 
 def test_agent_step_input_output_are_input_and_output_value() -> None:
-    (step,) = extract_steps(
-        build_partition(
-            "trace",
-            TRACE,
-            [
-                ROOT,
-                span(
-                    2,
-                    "a",
-                    start=1,
-                    **OI_AGENT,
-                    **{
-                        "gen_ai.tool.call.arguments": "no",
-                        "input.value": '{"task": 1}',
-                        "output.value": "[2]",
-                    },
-                ),
-            ],
-        )
-    )
+    io = {"gen_ai.tool.call.arguments": "no", "input.value": '{"task": 1}', "output.value": "[2]"}
+    agent = span(2, "a", start=1, **OI_AGENT, **io)
+    (step,) = extract_steps(build_partition("trace", TRACE, [ROOT, agent]))
     assert (step.input, step.output) == ({"task": 1}, [2])
 
 
