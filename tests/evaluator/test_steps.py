@@ -281,8 +281,9 @@ def test_a_shared_tool_io_cache_gives_the_same_steps_and_trajectory() -> None:
         TRACE,
         [
             ROOT,
-            span(2, "a", start=1, **OI_TOOL, **{"input.value": '{"q": [1]}', "output.value": "[3]"}),
-            span(3, "b", start=2, **{"gen_ai.tool.name": "b", "gen_ai.tool.call.result": '{"r": 1}'}),
+            span(2, "search", start=1, **OI_TOOL, **{"input.value": '{"q": [1]}', "output.value": "[3]"}),
+            span(3, "search", start=2, **OI_TOOL, **{"input.value": '{"q": [2]}'}),  # same tool, own IO
+            span(4, "b", start=3, **{"gen_ai.tool.name": "b", "gen_ai.tool.call.result": '{"r": 1}'}),
         ],
     )
     plain_steps, plain_trajectory = extract_steps(partition), build_trajectory(partition)
@@ -290,7 +291,11 @@ def test_a_shared_tool_io_cache_gives_the_same_steps_and_trajectory() -> None:
     assert extract_steps(partition, cache) == plain_steps
     assert build_trajectory(partition, cache) == plain_trajectory
     assert extract_steps(partition, cache) == plain_steps  # read back from the filled cache
-    assert [s.input for s in plain_steps] == [{"q": [1]}, None]
+    assert [(s.input, s.output) for s in plain_steps] == [
+        ({"q": [1]}, [3]),
+        ({"q": [2]}, None),
+        (None, {"r": 1}),
+    ]
 
 
 # --- what is a step, on mixed and unusual spans (rule 1) -------------------------------------------
