@@ -5,19 +5,23 @@ from __future__ import annotations
 import base64
 import json
 import math
+from typing import Any
 
 import pytest
+from model_checks import assert_same_model
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
+from shared_paths import CORPUS
 
+from stepwatch.evaluator.model import Span
 from stepwatch.receiver.decoded import DecodeError
-from stepwatch.receiver.loader import LoadError, load_bytes
+from stepwatch.receiver.loader import LoadError, load_bytes, load_file
 from stepwatch.receiver.native_json import decode_native
 from stepwatch.receiver.openinference_json import decode_openinference, parse_time
 from stepwatch.receiver.otlp_json import decode_json
-from stepwatch.receiver.otlp_proto import decode_request, decode_request_bytes
+from stepwatch.receiver.otlp_proto import decode_request, decode_request_bytes, new_span
 
 TRACE = bytes.fromhex("0af7651916cd43dd8448eb211c80319c")
 SPAN_A = bytes.fromhex("b7ad6b7169203331")
@@ -321,3 +325,25 @@ def test_loader_truncated_protobuf() -> None:
     proto = _request(_rich_span(), _rich_span()).SerializeToString()
     with pytest.raises(LoadError, match=r"t\.pb: not JSON, and not a valid OTLP protobuf"):
         load_bytes(proto[:-7], "t.pb")
+
+
+def test_decoded_spans_are_the_spans_validation_gives() -> None:
+    """The protobuf decoder builds Spans without validation (`new_span`): each must be the Span that
+    validating its fields gives, and a copy of one must not change any other."""
+    fields: dict[str, Any] = {
+        "trace_id": "ab" * 16, "span_id": "cd" * 8, "parent_span_id": None, "name": "x", "kind": "CLIENT",
+        "start_time_unix_nano": 1, "end_time_unix_nano": 2, "status_code": "ERROR", "status_message": "m",
+        "attributes": {"k": [1, "v"]}, "resource_attributes": {"service.name": "s"}, "scope_name": "sc",
+        "seq": 3,
+    }  # fmt: skip
+    assert_same_model(new_span(dict(fields)), Span(**fields))
+    spans = (
+        load_file(CORPUS / "pai_trip_parallel_tools.pb").spans + decode_request(_request(_rich_span())).spans
+    )
+    for span in spans:
+        assert_same_model(span, Span(**span.model_dump()))
+    first, second = spans[:2]
+    copied = first.model_copy(update={"name": "z"})
+    assert copied.name == "z" and first.name != "z"
+    copied.model_fields_set.discard("seq")  # a copy's fields set is its own
+    assert first.model_fields_set == second.model_fields_set == set(Span.model_fields)

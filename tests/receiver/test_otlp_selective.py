@@ -7,6 +7,7 @@ whole for the limits, and real SDK output must come out exactly as `decode_reque
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -18,13 +19,22 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from receiver_rig import CORPUS
 
+from stepwatch.evaluator.expectation import Expectation
 from stepwatch.evaluator.model import Span
-from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES
-from stepwatch.evaluator.pipeline import AttributeSelection, scoring_attributes
+from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES, partition_traces
+from stepwatch.evaluator.pipeline import (
+    AttributeSelection,
+    reads_span_attributes,
+    reads_step_io,
+    score_partition,
+    scoring_attributes,
+)
+from stepwatch.evaluator.scorers.registry import ScorerRegistry
 from stepwatch.receiver.attributes import proto_value
 from stepwatch.receiver.ingest import split_request
 from stepwatch.receiver.otlp_proto import decode_request
 from stepwatch.receiver.otlp_selective import any_value_bytes, decode_selected
+from stepwatch.receiver.records import decode_records
 
 SELECTION = scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES)
 
@@ -149,3 +159,49 @@ def test_any_attributes_decode_like_the_full_decoder(
     request = _request(attribute_sets)
     records, _, _, _ = split_request(request, request.SerializeToString())
     _assert_same(decode_selected(records, SELECTION, set(), 128), _expected(request, SELECTION, set()))
+
+
+def _corpus_trace_records(path: Path) -> list[list[Any]]:
+    records = split_request(ExportTraceServiceRequest.FromString(path.read_bytes()))[0]
+    by_trace: dict[bytes, list[Any]] = {}
+    for record in records:
+        by_trace.setdefault(record[0], []).append(record)
+    return list(by_trace.values())
+
+
+@pytest.mark.parametrize("step_io", [True, False], ids=["with-step-io", "without-step-io"])
+@pytest.mark.parametrize("path", sorted(CORPUS.glob("*.pb")), ids=lambda p: p.stem)
+def test_selected_decode_scores_like_full_decode(path: Path, step_io: bool) -> None:
+    """Decoding only `scoring_attributes` scores every corpus trace exactly like a full decode with
+    the scorers that declare `reads_span_attributes = False`: the allowlist misses no key they read."""
+    registry = ScorerRegistry.builtin()
+    scorers = [registry.create(name) for name in registry.names]
+    assert not any(reads_span_attributes(s) for s in scorers)
+    selection = scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES, step_io=step_io)
+    sidecar = json.loads(path.with_suffix(".expect.json").read_text())
+    for records in _corpus_trace_records(path):
+        full = partition_traces(decode_records(records))
+        slim = partition_traces(decode_selected(records, selection, set(), max_attributes=1 << 30))
+        assert [p.model_copy(update={"spans": []}) for p in full] == [
+            p.model_copy(update={"spans": []}) for p in slim
+        ]
+        for a, b in zip(full, slim, strict=True):
+            inp, _ = score_partition(a, None, scorers)
+            names = [step.name for step in inp.steps] or ["none"]
+            expectation = Expectation.model_validate(
+                {"expected_steps": names[::-1], "rules": [{"must_call": names[0]}, {"max_steps": 2}]}
+            )
+            assert not any(reads_step_io(s, expectation) for s in scorers)  # no `with` rule
+            want = score_partition(a, expectation, scorers)
+            got = score_partition(b, expectation, scorers)
+            assert got[1] == want[1]
+            if sidecar["partition"] == "trace":  # the steps the spec's rules give (the sidecar)
+                assert [(s.name, s.kind) for s in got[0].steps] == list(
+                    zip(sidecar["observed_steps"], sidecar["observed_step_kinds"], strict=True)
+                )
+            if step_io:
+                assert got[0].steps == want[0].steps and got[0].trajectory == want[0].trajectory
+            else:  # the same steps, without their payloads
+                assert [(s.name, s.kind, s.span_id) for s in got[0].steps] == [
+                    (s.name, s.kind, s.span_id) for s in want[0].steps
+                ]

@@ -13,11 +13,19 @@ from typing import Any
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from shared_paths import CORPUS
 
 from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES
 from stepwatch.evaluator.pipeline import scoring_attributes
 from stepwatch.receiver.ingest import split_request
-from stepwatch.receiver.records import decode_limited, decode_records, decode_records_for_limits, limit_spans
+from stepwatch.receiver.otlp_proto import decode_request
+from stepwatch.receiver.records import (
+    decode_limited,
+    decode_records,
+    decode_records_for_limits,
+    limit_spans,
+    records_request_bytes,
+)
 from stepwatch.security.config import LimitsConfig
 from stepwatch.security.limits import LimitCounters
 
@@ -85,3 +93,46 @@ def test_without_a_selection_it_is_the_full_decode() -> None:
     a, b = LimitCounters(), LimitCounters()
     assert decode_limited(records, None, LIMITS, a) == limit_spans(decode_records(records), LIMITS, b)
     assert a.counts == b.counts
+
+
+def _corpus_traces() -> list[tuple[ExportTraceServiceRequest, list[Any]]]:
+    """Every OTLP protobuf corpus file as (request, its valid span records grouped by trace)."""
+    out = []
+    for path in sorted(CORPUS.glob("*.pb")):
+        data = path.read_bytes()
+        request = ExportTraceServiceRequest.FromString(data)
+        for encoded in (None, data):  # records re-serialized, and records sliced from the bytes
+            records = split_request(request, encoded)[0]
+            by_trace: dict[bytes, list[Any]] = {}
+            for record in records:
+                by_trace.setdefault(record[0], []).append(record)
+            out.extend((request, group) for group in by_trace.values())
+    return out
+
+
+def test_buffered_records_reassemble_into_the_request_they_came_from() -> None:
+    """A trace's records re-assemble into an encoded request holding exactly that trace's spans,
+    each under its own resource and scope, in record order: byte for byte what protobuf encodes."""
+    traces = _corpus_traces()
+    assert traces, f"no protobuf corpus files under {CORPUS}"
+    for request, records in traces:
+        trace_id = records[0][0]
+        want = ExportTraceServiceRequest()
+        for resource_spans in request.resource_spans:
+            for scope_spans in resource_spans.scope_spans:
+                mine = [s for s in scope_spans.spans if s.trace_id == trace_id]
+                if mine:
+                    out = want.resource_spans.add()
+                    out.resource.CopyFrom(resource_spans.resource)
+                    scope = out.scope_spans.add()
+                    scope.scope.CopyFrom(scope_spans.scope)
+                    scope.spans.extend(mine)
+        # the request's spans in record (buffer) order, per resource/scope run
+        got = records_request_bytes(records)
+        parsed = ExportTraceServiceRequest.FromString(got)
+        assert [s.span_id for rs in parsed.resource_spans for ss in rs.scope_spans for s in ss.spans] == [
+            r[1] for r in records
+        ]
+        assert parsed == want
+        assert got == want.SerializeToString()
+        assert decode_records(records) == decode_request(want).spans

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
 
 from stepwatch.evaluator.expectation import Expectation
 from stepwatch.evaluator.model import Span
-from stepwatch.evaluator.partitioning import build_partition
-from stepwatch.evaluator.pipeline import build_scoring_input, run_async_scorers, run_sync_scorers
+from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES, build_partition
+from stepwatch.evaluator.pipeline import (
+    build_scoring_input,
+    is_async_scorer,
+    reads_step_io,
+    run_async_scorers,
+    run_sync_scorers,
+    scoring_attributes,
+)
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.evaluator.scorers.base import ScoringInput
 from stepwatch.evaluator.scorers.registry import (
@@ -157,3 +165,104 @@ def test_registry_rules_only_when_present_and_unknown_names_listed() -> None:
     extended = registry.extended({"boom": ScorerEntry(lambda e: _Boom(), default_when=lambda e: False)})
     assert [s.name for s in extended.scorers_for(Expectation(scorers=["boom"]))] == ["boom"]
     assert "boom" not in registry.names
+
+
+class _Sync:
+    name = "sync"
+
+    def score(self, inp: Any) -> ScoreResult:
+        return ScoreResult(metric=self.name)
+
+
+class _CallableScore:
+    async def __call__(self, inp: Any) -> ScoreResult:
+        return ScoreResult(metric="c")
+
+
+class _Attribute:
+    """`score` set per instance: instances of one class may differ in kind."""
+
+    def __init__(self, name: str, score: Any):
+        self.name = name
+        self.score = score
+
+    def applicable(self, inp: ScoringInput) -> bool:
+        return True
+
+
+async def _async_function(inp: Any) -> ScoreResult:
+    return ScoreResult(metric="attr.async", score=1.0)
+
+
+def _sync_function(inp: Any) -> ScoreResult:
+    return ScoreResult(metric="attr.sync", score=0.0)
+
+
+@pytest.mark.parametrize(
+    ("scorer", "is_async"),
+    [
+        (_Sync(), False),
+        (_AsyncConst(), True),
+        (_Attribute("a", _async_function), True),
+        (_Attribute("b", lambda inp: None), False),
+        (_Attribute("c", functools.partial(_async_function)), True),
+        (_Attribute("d", _CallableScore()), False),  # a callable object: as inspect reads it
+        (_Attribute("e", _AsyncConst().score), True),
+        (_Attribute("f", _Sync().score), False),
+    ],
+)
+def test_is_async_scorer_is_whether_score_is_a_coroutine_function(scorer: Any, is_async: bool) -> None:
+    for _ in range(2):  # the second answer may come from a cache
+        assert is_async_scorer(scorer) is is_async
+
+
+async def test_scorers_of_one_class_with_sync_and_async_score_each_run_as_what_they_are() -> None:
+    inp = build_scoring_input(_partition(), None)
+    scorers = [_Attribute("attr.async", _async_function), _Attribute("attr.sync", _sync_function)]
+    for _ in range(2):
+        results = await run_async_scorers(inp, scorers)
+        assert [(r.metric, r.score, r.error) for r in results] == [
+            ("attr.async", 1.0, None),
+            ("attr.sync", 0.0, None),
+        ]
+    (refused,) = run_sync_scorers(inp, scorers[:1])
+    assert refused.error == "async scorer passed to run_sync_scorers"
+
+
+def test_only_a_with_rule_reads_step_io() -> None:
+    rules = ScorerRegistry.builtin().create("trajectory")
+    plain = Expectation.model_validate({"rules": [{"must_call": "search", "after": "plan"}]})
+    constrained = Expectation.model_validate(
+        {"rules": [{"must_call": "search", "with": {"q": {"contains": "x"}}}]}
+    )
+    assert not reads_step_io(rules, plain) and not reads_step_io(rules, None)
+    assert reads_step_io(rules, constrained)
+    assert "input.value" not in scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES, step_io=False)
+    assert "input.value" in scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES)
+
+
+SPEC_ATTRIBUTES = [
+    # step-accuracy.txt rules 1-2 (kinds, names, embedded calls) and the rounds' call ids
+    "openinference.span.kind", "gen_ai.operation.name", "gen_ai.tool.name", "tool.name", "aip.agent.name",
+    "gen_ai.agent.name", "agent.name", "gen_ai.output.messages",
+    "llm.output_messages.0.message.tool_calls.0.tool_call.function.name",
+    "llm.output_messages.3.message.tool_calls.12.tool_call.id", "gen_ai.tool.call.id", "tool.call.id",
+    # trajectory-format.txt: token usage
+    "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens", "llm.token_count.prompt", "llm.token_count.completion",
+    # partitions: sessions, task keys, per-occurrence expected steps
+    "session.id", "gen_ai.conversation.id", "aip.task.key", "aip.eval.expected_steps",
+]  # fmt: skip
+SPEC_IO_ATTRIBUTES = [
+    "gen_ai.tool.call.arguments", "input.value", "gen_ai.tool.call.result", "output.value", "gen_ai.completion",
+]  # fmt: skip
+
+
+def test_scoring_attributes_hold_every_attribute_the_specs_read() -> None:
+    """A partition decoded with only these attributes must score like a full decode; the specs name
+    what scoring reads (the corpus does not carry every convention; tests/receiver/test_otlp_selective.py)."""
+    full, slim = (scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES, step_io=io) for io in (True, False))
+    assert [key for key in SPEC_ATTRIBUTES + SPEC_IO_ATTRIBUTES if key not in full] == []
+    assert [key for key in SPEC_ATTRIBUTES if key not in slim] == []
+    assert [key for key in SPEC_IO_ATTRIBUTES if key in slim] == []
+    assert "custom.task" in scoring_attributes(["custom.task"])
+    assert "llm.input_messages.0.message.content" not in full  # prompts are never converted
