@@ -60,7 +60,7 @@ def construct(
     field, in declaration order, defaults included (becomes `__dict__`, not copied); `fields_set`: the
     names given explicitly (may be shared: pydantic copies it before an update). For models with no
     private attributes; `extra`: None for `extra="forbid"`, a fresh {} for `extra="allow"` (what
-    validation stores when no extra key is given) (tests/evaluator/test_scoring_fast_paths.py).
+    validation stores when no extra key is given) (tests/evaluator/test_model.py).
     """
     model = _new(cls)
     _set(model, "__dict__", values)

@@ -119,7 +119,8 @@ def scoring_attributes(task_key_attributes: Sequence[str], *, step_io: bool = Tr
     Scorers that declare `reads_span_attributes = False` see nothing else, so a partition decoded
     with only these attributes scores exactly like a fully decoded one, while the large attributes
     nobody reads (LLM prompts and invocation parameters) are never converted. Keep in step with
-    partitioning.py, steps.py and trajectory_build.py (tests/evaluator/test_scoring_hot_path.py).
+    partitioning.py, steps.py and trajectory_build.py (tests/evaluator/test_pipeline.py,
+    tests/receiver/test_otlp_selective.py).
     `step_io=False` also leaves out the tool inputs/outputs and the final answer (the largest values
     scoring decodes), for when no scorer reads them (`reads_step_io`): steps and the trajectory
     then carry None there, and everything else is the same.

@@ -80,7 +80,13 @@ def unwrap_json(value: Any) -> Any:
     return value
 
 
-_DECODER = json.JSONDecoder()
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_not_json)
+"""RFC 8259 only: Python's NaN/Infinity extension would turn the text "-Infinity" into a float that
+prints as null, losing the output."""
 
 
 def _loads(text: str) -> Any:

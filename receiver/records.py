@@ -33,7 +33,7 @@ from .otlp_selective import decode_selected
 def records_request_bytes(records: Sequence[SpanRecord]) -> bytes:
     """The records as an encoded ExportTraceServiceRequest, in their order.
 
-    Byte-identical to a field-by-field re-assembly (checked in tests/evaluator/test_scoring_hot_path.py),
+    Byte-identical to a field-by-field re-assembly (checked in tests/receiver/test_records.py),
     with one join per origin run instead of a concatenation per span.
     """
     out: list[bytes] = []

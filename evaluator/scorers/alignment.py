@@ -31,8 +31,8 @@ Cost per group row is O(g * m) numpy work plus an O(m) Python pass to collect br
 Group-free expectations take cheaper routes that give the same alignment: an observed sequence
 that matches position by position is distance 0 with one match per step (what the traceback
 yields), and up to PYTHON_ROW_MAX observed steps the same bare-row recurrence runs in pure Python,
-where numpy's per-call overhead would dominate. tests/evaluator/test_alignment_fast_paths.py holds
-both against the numpy rows.
+where numpy's per-call overhead would dominate. tests/evaluator/scorers/test_alignment.py holds
+both to a textbook edit distance.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Group-free expectations of every length, on both sides of PYTHON_ROW_MAX (where the computation
 changes route), against a textbook edit distance with rule 3's name comparison; the alignment
 itself must be a valid one of that cost (each expected and observed step used once, in order,
-matches only where rule 3 says the names match). Groups: test_step_accuracy_properties.py.
+matches only where rule 3 says the names match). Groups: test_step_accuracy.py.
 """
 
 from __future__ import annotations
