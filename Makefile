@@ -73,7 +73,7 @@ test: setup system-deps otelcol judge-fixture
 	MYPY=$(abspath $(BIN))/mypy .ci/typecheck
 	$(BIN)/pytest -q
 
-# The real OpenTelemetry Collector the tests run (tests/collector), built with its builder (ocb)
+# The real OpenTelemetry Collector the tests run (tests/e2e/collector), built with its builder (ocb)
 # from deploy/otelcol/builder.yaml into .cache/otelcol/<manifest hash>/; a no-op once cached.
 otelcol:
 	bash deploy/otelcol/build.sh >/dev/null

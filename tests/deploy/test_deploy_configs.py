@@ -268,7 +268,7 @@ def _assert_pipelines_reference_defined_components(config: dict[str, Any]) -> No
 
 
 def test_collector_load_balances_traces_by_trace_id_and_sessions_by_session_id() -> None:
-    """The shape of the shipped routing; tests/collector/test_loadbalancing.py runs it for real."""
+    """The shape of the shipped routing; tests/e2e/collector/test_loadbalancing_path.py runs it for real."""
     objects = _k8s_objects()
     relay = yaml.safe_load(objects[("ConfigMap", "otelcol-loadbalancing")]["data"]["relay.yaml"])
     _assert_pipelines_reference_defined_components(relay)

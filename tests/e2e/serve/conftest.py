@@ -13,13 +13,11 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from shared_paths import CORPUS
+from shared_paths import CORPUS, REPO
 from waiting import eventually
 
 from stepwatch.config import load_config
 from stepwatch.service import Service
-
-REPO = Path(__file__).resolve().parents[2]
 
 FAST = {
     "receivers": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"}},

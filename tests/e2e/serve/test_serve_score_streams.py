@@ -22,10 +22,10 @@ import pytest
 import yaml
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-from shared_paths import CORPUS
+from shared_paths import CORPUS, REPO
 from waiting import eventually
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "exporters"))
+sys.path.insert(0, str(REPO / "tests" / "exporters"))
 from fake_openai import completion_for, form_lines
 from kafka_broker import TansuBroker
 from scorestream_helpers import TopicReader

@@ -1,6 +1,6 @@
 """The shared corpus as Collector-test input: each scenario's request, sidecar and the task keys
 its partitions resolve to, registered with the sidecar's expected steps (as
-tests/service/test_e2e_corpus.py does for a single Stepwatch)."""
+tests/e2e/serve/test_e2e_corpus.py does for a single Stepwatch)."""
 
 from __future__ import annotations
 

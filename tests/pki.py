@@ -1,4 +1,5 @@
-"""Fixtures for the security tests: a throwaway PKI generated at test time with `cryptography`."""
+"""A throwaway PKI generated at test time with `cryptography`, and the fixtures the security tests share
+(imported by the conftest.py of tests/app/security and tests/e2e/security)."""
 
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from shared_paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 STEPWATCH = str(Path(sys.executable).parent / "stepwatch")
 SHIPPED = [REPO / "examples" / "expectations.yaml", REPO / "deploy" / "config" / "expectations.yaml"]
 TYPOS = "tasks:\n  t1:\n    expected_step: [a, b]\n  t2:\n    expected_steps: [a]\n    rules:\n      - must_cal: a\n"

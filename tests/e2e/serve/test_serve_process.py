@@ -7,16 +7,16 @@ import signal
 import socket
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 from serve_helpers import K8S_SERVICE_LINKS, STEPWATCH, scrape, serve_env, start_serve, total
+from shared_paths import REPO
 
 pytestmark = pytest.mark.slow
 
 
 def test_sigterm_drains_every_buffered_partition_and_exits_0(tmp_path, agent) -> None:
-    expectations = Path(__file__).resolve().parents[2] / "examples" / "expectations.yaml"
+    expectations = REPO / "examples" / "expectations.yaml"
     env = serve_env(STEPWATCH_BUFFER__SESSION_IDLE_TIMEOUT="120", STEPWATCH_BUFFER__SWEEP_INTERVAL="0.02")
     serve = start_serve("--expectations", str(expectations), "--trace-idle-timeout", "120", env=env)
     try:

@@ -16,8 +16,8 @@ from typing import Any
 import yaml
 from processes import port_open, terminate
 from prometheus_client.parser import text_string_to_metric_families
+from shared_paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "deploy" / "otelcol" / "build.sh"
 
 

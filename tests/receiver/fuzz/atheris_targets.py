@@ -1,6 +1,6 @@
 """Coverage-guided fuzz targets (atheris/libFuzzer) for the decoders and the expectations loader.
 
-Run one for as long as you like:  .venv/bin/python tests/security/atheris_targets.py otlp_proto -max_total_time=600
+Run one for as long as you like:  .venv/bin/python tests/receiver/fuzz/atheris_targets.py otlp_proto -max_total_time=600
 CI runs each for a fixed number of inputs (test_atheris.py). An exception other than the target's
 documented error type is a crash: libFuzzer stops, prints the input and writes it to crash-<sha1>.
 """

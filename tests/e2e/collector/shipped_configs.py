@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from shared_paths import REPO
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+DEPLOY = REPO / "deploy"
 GATEWAY = DEPLOY / "otelcol" / "compose-collector.yaml"
 KAFKA = DEPLOY / "otelcol" / "kafka-collector.yaml"
 TELEMETRY = DEPLOY / "otelcol" / "stepwatch-telemetry.yaml"
