@@ -84,11 +84,21 @@ def test_byte_bound_rejects_the_excess_and_frees_space_after_commit(tmp_path: Pa
     spool.close()
 
 
-def test_torn_tail_write_is_truncated_and_counted(tmp_path: Path) -> None:
+def _segment_of_ten_records(tmp_path: Path) -> Path:
     spool = make(tmp_path, segment_bytes=1 << 20)
     spool.append(records(10))
     spool.close()
-    segment = next((tmp_path / "spool").glob("*.seg"))
+    return next((tmp_path / "spool").glob("*.seg"))
+
+
+def _flip_bit(segment: Path, offset: int) -> None:
+    data = bytearray(segment.read_bytes())
+    data[offset] ^= 0x01
+    segment.write_bytes(bytes(data))
+
+
+def test_torn_tail_write_is_skipped_and_counted(tmp_path: Path) -> None:
+    segment = _segment_of_ten_records(tmp_path)
     with open(segment, "ab") as f:
         f.write(b"\x00\x00\x01\x00garbage")  # a header promising 256 bytes, then a crash
     reopened = make(tmp_path, segment_bytes=1 << 20)
@@ -100,13 +110,8 @@ def test_torn_tail_write_is_truncated_and_counted(tmp_path: Path) -> None:
 
 
 def test_flipped_bit_fails_the_crc(tmp_path: Path) -> None:
-    spool = make(tmp_path, segment_bytes=1 << 20)
-    spool.append(records(10))
-    spool.close()
-    segment = next((tmp_path / "spool").glob("*.seg"))
-    data = bytearray(segment.read_bytes())
-    data[len(data) - 3] ^= 0x01  # inside the last record's payload
-    segment.write_bytes(bytes(data))
+    segment = _segment_of_ten_records(tmp_path)
+    _flip_bit(segment, segment.stat().st_size - 3)  # inside the last record's payload
     reopened = make(tmp_path, segment_bytes=1 << 20)
     assert reopened.corrupt_records == 1
     assert drain(reopened) == records(9)
@@ -150,14 +155,9 @@ def test_a_restart_never_appends_to_a_segment_from_before(tmp_path: Path) -> Non
 
 
 def test_corrupt_middle_record_is_skipped_and_the_records_after_it_kept(tmp_path: Path) -> None:
-    spool = make(tmp_path, segment_bytes=1 << 20)
-    spool.append(records(10))
-    spool.close()
-    segment = next((tmp_path / "spool").glob("*.seg"))
-    data = bytearray(segment.read_bytes())
+    segment = _segment_of_ten_records(tmp_path)
     frame = HEADER_SIZE + len(records(1)[0])
-    data[4 * frame + HEADER_SIZE + 2] ^= 0x01  # inside record 4's payload
-    segment.write_bytes(bytes(data))
+    _flip_bit(segment, 4 * frame + HEADER_SIZE + 2)  # inside record 4's payload
     reopened = make(tmp_path, segment_bytes=1 << 20)
     assert reopened.corrupt_records == 1
     assert reopened.pending == 9
