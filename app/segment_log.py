@@ -23,9 +23,9 @@ a damaged length are all caught. The magic lets a reader resynchronise after a d
 the middle of a segment: it scans forward for the next offset where a whole frame checks out.
 
 Spool segments written before this module (releases up to d6a7d0a) use an older frame,
-`u32 length | u32 CRC32 of the payload` (big-endian) with no magic; `scan` reads those too (a
-segment is old when it does not start with the magic), so an upgrade keeps the events spooled
-before it. Nothing writes that frame any more.
+`u32 length | u32 CRC32 of the payload` (big-endian) with no magic. A log opened with
+`old_spool_frames` (the spool) reads a segment in that frame when its first frame checks out in
+it, so an upgrade keeps the events spooled before it; nothing writes that frame any more.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 FsyncPolicy = Literal["always", "interval", "never"]
 """always: sync every write before it is acknowledged; interval: sync at most every interval (an
@@ -114,9 +114,17 @@ def _old_spool_frame_at(data: bytes | memoryview, offset: int, base: int) -> Fra
     return Frame(-1, base + offset, base + start + length, bytes(payload))
 
 
-def is_old_spool_segment(head: bytes) -> bool:
-    """Whether a segment starting with `head` uses the spool's pre-SWL1 frame (see the module doc)."""
-    return bool(head) and not head.startswith(MAGIC[: len(head)])
+def starts_with_old_spool_frame(file: BinaryIO) -> bool:
+    """Whether the segment open in `file` (at offset 0) starts with a whole, checked frame of the
+    spool's pre-SWL1 format (see the module doc). A damaged first frame reads as the SWL1 format,
+    whose scan resynchronises; in the old format all of it would be damage anyway."""
+    head = file.read(_OLD_SPOOL_HEADER.size)
+    if len(head) < _OLD_SPOOL_HEADER.size:
+        return False
+    length, _ = _OLD_SPOOL_HEADER.unpack(head)
+    if length > _OLD_SPOOL_MAX_PAYLOAD:
+        return False
+    return _old_spool_frame_at(head + file.read(length), 0, 0) is not None
 
 
 def scan(data: bytes, *, base: int = 0, old_spool: bool = False) -> Iterator[Frame | Damage]:
@@ -259,7 +267,9 @@ class SegmentLog:
         segment_bytes: int,
         sync: SyncSchedule,
         file_mode: int = 0o644,
+        old_spool_frames: bool = False,
     ) -> None:
+        """`old_spool_frames`: also read segments written in the spool's pre-SWL1 frame."""
         self.directory = Path(directory)
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes
@@ -268,6 +278,7 @@ class SegmentLog:
         self._digits = digits
         self._name = re.compile(rf"(\d{{{digits}}})\.{re.escape(suffix)}", re.ASCII)
         self._mode = file_mode
+        self._old_spool_frames = old_spool_frames
         self.sizes: dict[int, int] = {}
         """Bytes of each live segment (written or reserved), by id."""
         self.bytes = 0
@@ -305,10 +316,9 @@ class SegmentLog:
         return sorted(found)
 
     def scan(self, segment: int, start: int = 0) -> Iterator[Frame | Damage]:
-        """The frames of a segment from offset `start` (a frame's start; either frame format: see
-        the module doc)."""
+        """The frames of a segment from offset `start` (a frame's start)."""
         with open(self.path(segment), "rb") as file:
-            old_spool = is_old_spool_segment(file.read(len(MAGIC)))
+            old_spool = self._old_spool_frames and starts_with_old_spool_frame(file)
             file.seek(start)
             data = file.read()
         return scan(data, base=start, old_spool=old_spool)

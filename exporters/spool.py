@@ -69,6 +69,7 @@ class Spool:
             segment_bytes=segment_bytes,
             sync=SyncSchedule(fsync, fsync_interval_seconds, clock),
             file_mode=0o600,
+            old_spool_frames=True,
         )
         self._segments: list[int] = []  # live segment ids, oldest first; the last is appended to
         self._cursor: tuple[int, int] = (0, 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import itertools
 import os
 import struct
@@ -20,8 +21,8 @@ from stepwatch.segment_log import (
     close_fd,
     frame_header,
     fsync_and_close,
-    is_old_spool_segment,
     scan,
+    starts_with_old_spool_frame,
 )
 
 
@@ -95,10 +96,10 @@ def test_a_length_past_the_bound_is_damage_not_an_allocation() -> None:
 
 def test_old_spool_frames_are_read_and_told_apart_by_their_first_bytes() -> None:
     old = _old_spool_frames(RECORDS)
-    assert is_old_spool_segment(old[:4])
-    assert not is_old_spool_segment(_frames(RECORDS)[:4])
-    assert not is_old_spool_segment(b"SW")  # a torn new header is not an old segment
-    assert not is_old_spool_segment(b"")
+    assert starts_with_old_spool_frame(io.BytesIO(old))
+    assert not starts_with_old_spool_frame(io.BytesIO(_frames(RECORDS)))
+    assert not starts_with_old_spool_frame(io.BytesIO(old[:10]))  # a torn first frame
+    assert not starts_with_old_spool_frame(io.BytesIO(b""))
     frames = list(scan(old, old_spool=True))
     assert [f.payload for f in frames if isinstance(f, Frame)] == RECORDS
     assert {f.seq for f in frames if isinstance(f, Frame)} == {-1}
@@ -229,25 +230,46 @@ def test_appends_go_to_the_open_segment_and_scan_back(tmp_path: Path) -> None:
     assert [f.payload for f in log.scan(first, start) if isinstance(f, Frame)] == (RECORDS * 100)[5:]
 
 
+def _spool_log(directory: Path, sync: SyncSchedule, old_spool_frames: bool = True) -> SegmentLog:
+    return SegmentLog(
+        directory,
+        suffix="seg",
+        digits=16,
+        max_bytes=1 << 20,
+        segment_bytes=1 << 16,
+        sync=sync,
+        old_spool_frames=old_spool_frames,
+    )
+
+
 def test_scan_of_a_segment_in_the_old_spool_frame(tmp_path: Path) -> None:
-    log = SegmentLog(
-        tmp_path, suffix="seg", digits=16, max_bytes=1 << 20, segment_bytes=1 << 16,
-        sync=SyncSchedule("never", 1.0),
-    )  # fmt: skip
+    log = _spool_log(tmp_path, SyncSchedule("never", 1.0))
     old = _old_spool_frames(RECORDS)
     tmp_path.joinpath(f"{0:016d}.seg").write_bytes(old)
     assert log.discover() == [0]
     assert [f.payload for f in log.scan(0) if isinstance(f, Frame)] == RECORDS
     third = 16 + len(RECORDS[0]) + len(RECORDS[1])
     assert [f.payload for f in log.scan(0, third) if isinstance(f, Frame)] == RECORDS[2:]
+    # a log not opened for old spool frames (the WAL) never reads them
+    wal = _spool_log(tmp_path, SyncSchedule("never", 1.0), old_spool_frames=False)
+    assert list(wal.scan(0)) == [Damage(0, len(old), torn=True)]
+
+
+@pytest.mark.parametrize("old_spool_frames", [False, True])
+def test_a_damaged_first_frame_still_resynchronises(tmp_path: Path, old_spool_frames: bool) -> None:
+    """Damage at the very start of an SWL1 segment is not mistaken for the old spool frame."""
+    log = _spool_log(tmp_path, SyncSchedule("never", 1.0), old_spool_frames)
+    data = bytearray(_frames(RECORDS))
+    data[0] ^= 0x01  # the first frame's magic
+    tmp_path.joinpath(f"{0:016d}.seg").write_bytes(bytes(data))
+    items = list(log.scan(0))
+    assert items[0] == Damage(0, HEADER_SIZE + len(RECORDS[0]), torn=False)
+    assert [f.payload for f in items[1:] if isinstance(f, Frame)] == RECORDS[1:]
 
 
 def test_a_sync_descriptor_is_handed_out_only_when_due(tmp_path: Path) -> None:
     clock = _Clock()
-    log = SegmentLog(
-        tmp_path, suffix="seg", digits=16, max_bytes=1 << 20, segment_bytes=1 << 16,
-        sync=SyncSchedule("interval", 1.0, clock),
-    )  # fmt: skip
+    log = _spool_log(tmp_path, SyncSchedule("interval", 1.0, clock))
     assert log.dup_for_sync(force=True) is None  # nothing open
     log.open_for_append(log.new_segment())
     assert log.dup_for_sync(force=True) is None  # nothing written
