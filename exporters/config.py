@@ -13,6 +13,7 @@ from aiokafka.codec import has_gzip, has_lz4, has_snappy, has_zstd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from stepwatch.kafka_client import KafkaClientConfig
+from stepwatch.segment_log import FsyncPolicy
 
 _CODECS = {"gzip": has_gzip, "snappy": has_snappy, "lz4": has_lz4, "zstd": has_zstd}
 
@@ -51,7 +52,7 @@ class SpoolConfig(_Section):
         ge=1024,
         description="A segment file is closed and a new one begun past this size.",
     )
-    fsync: Literal["always", "interval", "never"] = Field(
+    fsync: FsyncPolicy = Field(
         default="interval",
         description="always: fsync after every append (survives power loss, costs a disk flush per event); "
         "interval: fsync every fsync_interval_seconds; never: leave it to the OS (survives a process crash).",

@@ -39,10 +39,12 @@ from aiokafka.errors import (
 )
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from stepwatch.segment_log import fsync_and_close
+
 from .base import Capabilities
 from .config import KafkaExporterConfig
 from .events import ScoreEvent
-from .spool import Spool, fsync_and_close
+from .spool import Spool
 
 log = logging.getLogger(__name__)
 

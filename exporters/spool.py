@@ -1,18 +1,21 @@
 """A bounded, append-only on-disk FIFO of records, for events that could not be sent yet.
 
 Layout of the spool directory:
-  `<seq:016d>.seg`  segment files; each record is framed as u32 length, u32 CRC-32 of the payload
-                    (both big-endian), then the payload. Appends go to the newest segment.
+  `<seq:016d>.seg`  segment files of the shared segment log (stepwatch.segment_log: CRC-checked
+                    frames, the fsync policy, rollover, disk accounting); appends go to the newest
+                    segment, and a restart begins a new one (never appending after a torn tail or
+                    to a segment in the pre-SWL1 frame of older releases, which is still read).
   `cursor`          "<seq> <offset>": the first record not yet acknowledged (replaced atomically).
   `lock`            flock'ed while a process owns the spool, so two exporters never share one.
 
 The read side is peek(n) then commit(k): records leave the spool only once the caller has
 delivered them, so a crash between the two re-delivers (at-least-once) and never loses. A torn
 write at the end of a segment (a crash mid-append) or a corrupt record is found by its CRC on
-open; the segment is truncated there and the loss is counted in `corrupt_records`.
+open, skipped, and counted in `corrupt_records`.
 
 All methods are synchronous and short (one write() per append); the owner runs them on its event
-loop. Only fsync is slow, so `fsync_target()` hands out a duplicated descriptor to fsync elsewhere.
+loop. Only fsync is slow, so `fsync_target()` hands out a duplicated descriptor to fsync elsewhere
+(with `stepwatch.segment_log.fsync_and_close`).
 """
 
 from __future__ import annotations
@@ -20,36 +23,27 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import struct
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Literal
 
-_HEADER = struct.Struct(">II")
-_SUFFIX = ".seg"
+from stepwatch.segment_log import (
+    HEADER_SIZE,
+    Damage,
+    FsyncPolicy,
+    SegmentLog,
+    SyncSchedule,
+    close_fd,
+    frame_header,
+)
+
 MAX_RECORD_BYTES = 64 * 1024 * 1024
-
-FsyncPolicy = Literal["always", "interval", "never"]
 
 log = logging.getLogger(__name__)
 
 
 class SpoolLockedError(RuntimeError):
     """Another process (or exporter) already owns this spool directory."""
-
-
-def _frame(payload: bytes) -> bytes:
-    return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
-
-
-def fsync_and_close(fd: int) -> None:
-    """Flush a duplicated descriptor from `Spool.fsync_target()` to disk (may run in a thread)."""
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Spool:
@@ -67,19 +61,22 @@ class Spool:
     ) -> None:
         self.directory = Path(directory)
         self.max_bytes = max_bytes
-        self.segment_bytes = segment_bytes
-        self.fsync_policy: FsyncPolicy = fsync
-        self.fsync_interval_seconds = fsync_interval_seconds
-        self._clock = clock
-        self._segments: list[int] = []  # sequence numbers, oldest first
-        self._sizes: dict[int, int] = {}
+        self._log = SegmentLog(
+            self.directory,
+            suffix="seg",
+            digits=16,
+            max_bytes=max_bytes,
+            segment_bytes=segment_bytes,
+            sync=SyncSchedule(fsync, fsync_interval_seconds, clock),
+            file_mode=0o600,
+            old_spool_frames=True,
+        )
+        self._segments: list[int] = []  # live segment ids, oldest first; the last is appended to
         self._cursor: tuple[int, int] = (0, 0)
         self._pending = 0
-        self._tail_fd: int | None = None
+        self._next_seq = 0  # frame sequence numbers: diagnostics only, restart at 0 once emptied
         self._lock_fd: int | None = None
         self._peeked: list[tuple[int, int]] = []  # (segment, end offset) of each record of the last peek
-        self._dirty = False
-        self._last_sync = 0.0
         self.corrupt_records = 0
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -96,34 +93,29 @@ class Spool:
                 f"spool directory {self.directory} is in use by another exporter"
             ) from None
         self._lock_fd = lock_fd
-        segments = sorted(int(p.stem) for p in self.directory.glob(f"*{_SUFFIX}") if p.stem.isdigit())
+        segments = self._log.discover()
         cursor_seg, cursor_off = self._read_cursor(segments)
+        self._log.next_id = max(self._log.next_id, cursor_seg)
         for seq in segments:
             if seq < cursor_seg:
-                self._path(seq).unlink()
+                self._log.forget(seq).unlink()
         self._segments = [s for s in segments if s >= cursor_seg]
         self._pending = 0
         for seq in self._segments:
-            start = cursor_off if seq == cursor_seg else 0
-            self._pending += self._recover_segment(seq, start)
-        if not self._segments:
-            self._segments = [cursor_seg]
-            self._sizes[cursor_seg] = 0
-            cursor_off = 0
-        first = self._segments[0]
-        self._cursor = (first, min(cursor_off, self._sizes[first]) if first == cursor_seg else 0)
+            self._pending += self._recover_segment(seq, cursor_off if seq == cursor_seg else 0)
         if self._pending == 0:
             self._reset()
-        self._open_tail()
-        self._last_sync = self._clock()
+        else:
+            first = self._segments[0]
+            self._cursor = (first, min(cursor_off, self._log.sizes[first]) if first == cursor_seg else 0)
+            self._roll()
+        self._log.sync.restart()
 
     def close(self) -> None:
         """fsync (unless policy `never`), then release the files and the lock."""
-        if self._tail_fd is not None:
-            if self.fsync_policy != "never" and self._dirty:
-                os.fsync(self._tail_fd)
-            os.close(self._tail_fd)
-            self._tail_fd = None
+        fd = self._log.detach()
+        if fd is not None:
+            close_fd(fd, self._log.sync.due(force=True))
         if self._lock_fd is not None:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
             os.close(self._lock_fd)
@@ -143,7 +135,7 @@ class Spool:
     @property
     def bytes(self) -> int:
         """Bytes on disk held by segments (what max_bytes bounds)."""
-        return sum(self._sizes.values())
+        return self._log.bytes
 
     # -- write side -------------------------------------------------------------------------
 
@@ -152,44 +144,37 @@ class Spool:
 
         Returns how many were accepted (a prefix), so the caller can fail the rest.
         """
-        if self._tail_fd is None:
+        segments = self._log
+        if segments.fd is None:
             raise RuntimeError("spool is not open")
-        used = self.bytes
-        frames: list[bytes] = []
-        tail_size = self._sizes[self._segments[-1]]
+        parts: list[bytes] = []
+        tail = self._segments[-1]
         accepted = 0
         for record in records:
             if len(record) > MAX_RECORD_BYTES:
                 break
-            frame = _frame(record)
-            if used + len(frame) > self.max_bytes:
+            size = HEADER_SIZE + len(record)
+            if not segments.fits(size):
                 break
-            if tail_size > 0 and tail_size + len(frame) > self.segment_bytes:
-                self._write(frames)
-                frames = []
-                self._roll()
-                tail_size = 0
-            frames.append(frame)
-            tail_size += len(frame)
-            used += len(frame)
+            if segments.rolls(tail, size):
+                self._write(parts)
+                parts = []
+                tail = self._roll()
+            parts.append(frame_header(self._next_seq, record))
+            parts.append(record)
+            self._next_seq += 1
+            segments.reserve(tail, size)
             accepted += 1
-        self._write(frames)
+        self._write(parts)
         self._pending += accepted
-        if accepted and self.fsync_policy == "always":
-            os.fsync(self._tail_fd)
-            self._dirty = False
+        if accepted and segments.sync.each_write:
+            os.fsync(segments.fd)
+            segments.sync.synced()
         return accepted
 
     def fsync_target(self, *, force: bool = False) -> int | None:
         """A dup of the tail descriptor when an `interval` fsync is due (or forced), else None."""
-        if self._tail_fd is None or not self._dirty or self.fsync_policy == "never":
-            return None
-        now = self._clock()
-        if not force and now - self._last_sync < self.fsync_interval_seconds:
-            return None
-        self._dirty = False
-        self._last_sync = now
-        return os.dup(self._tail_fd)
+        return self._log.dup_for_sync(force=force)
 
     # -- read side --------------------------------------------------------------------------
 
@@ -201,22 +186,16 @@ class Spool:
         index = self._segments.index(seg)
         while len(out) < max_records and index < len(self._segments):
             seg = self._segments[index]
-            size = self._sizes[seg]
-            if off >= size:
-                index += 1
-                off = 0
-                continue
-            with open(self._path(seg), "rb") as f:
-                f.seek(off)
-                data = f.read(size - off)
-            pos = 0
-            while pos < len(data) and len(out) < max_records:
-                length, _crc = _HEADER.unpack_from(data, pos)
-                start = pos + _HEADER.size
-                out.append(data[start : start + length])
-                pos = start + length
-                self._peeked.append((seg, off + pos))
-            off += pos
+            if off < self._log.sizes[seg]:
+                for item in self._log.scan(seg, off):
+                    if isinstance(item, Damage):  # counted when the spool was opened
+                        continue
+                    out.append(item.payload)
+                    self._peeked.append((seg, item.end))
+                    if len(out) == max_records:
+                        break
+            index += 1
+            off = 0
         return out
 
     def commit(self, count: int) -> None:
@@ -230,11 +209,10 @@ class Spool:
         self._pending -= count
         if self._pending == 0:
             self._reset()
-            self._open_tail()
             return
         while self._segments[0] < seg:
             self._drop_head()
-        if off >= self._sizes[seg] and len(self._segments) > 1:
+        if off >= self._log.sizes[seg] and len(self._segments) > 1:
             self._drop_head()
             seg, off = self._segments[0], 0
         self._cursor = (seg, off)
@@ -242,54 +220,33 @@ class Spool:
 
     # -- internals --------------------------------------------------------------------------
 
-    def _path(self, seq: int) -> Path:
-        return self.directory / f"{seq:016d}{_SUFFIX}"
-
     def _drop_head(self) -> None:
-        old = self._segments.pop(0)
-        self._sizes.pop(old)
-        self._path(old).unlink(missing_ok=True)
+        self._log.forget(self._segments.pop(0)).unlink(missing_ok=True)
 
-    def _write(self, frames: list[bytes]) -> None:
-        if not frames:
-            return
-        assert self._tail_fd is not None
-        data = b"".join(frames)
-        view = memoryview(data)
-        while view:
-            written = os.write(self._tail_fd, view)
-            view = view[written:]
-        self._sizes[self._segments[-1]] += len(data)
-        self._dirty = True
+    def _write(self, parts: list[bytes]) -> None:
+        if parts:
+            self._log.write(parts)
 
-    def _roll(self) -> None:
-        assert self._tail_fd is not None
-        if self.fsync_policy != "never":
-            os.fsync(self._tail_fd)
-        os.close(self._tail_fd)
-        seq = self._segments[-1] + 1
-        self._segments.append(seq)
-        self._sizes[seq] = 0
-        self._tail_fd = None
-        self._open_tail()
-
-    def _open_tail(self) -> None:
-        if self._tail_fd is not None:
-            os.close(self._tail_fd)
-        self._tail_fd = os.open(self._path(self._segments[-1]), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    def _roll(self) -> int:
+        """Begin a new tail segment (syncing the one it replaces unless the policy is `never`)."""
+        tail = self._log.new_segment()
+        previous = self._log.open_for_append(tail)
+        if previous is not None:
+            close_fd(previous, self._log.sync.on_close)
+        self._segments.append(tail)
+        return tail
 
     def _reset(self) -> None:
         """Everything acknowledged: delete all segments and start one fresh, so disk use drops to 0."""
-        if self._tail_fd is not None:
-            os.close(self._tail_fd)
-            self._tail_fd = None
-        nxt = (self._segments[-1] + 1) if self._segments else 0
+        fd = self._log.detach()
+        if fd is not None:
+            os.close(fd)
         for seq in self._segments:
-            self._path(seq).unlink(missing_ok=True)
-        self._segments = [nxt]
-        self._sizes = {nxt: 0}
-        self._cursor = (nxt, 0)
-        self._dirty = False
+            self._log.forget(seq).unlink(missing_ok=True)
+        self._segments = []
+        self._log.sync.discard()
+        tail = self._roll()
+        self._cursor = (tail, 0)
         self._write_cursor()
 
     def _read_cursor(self, segments: list[int]) -> tuple[int, int]:
@@ -303,36 +260,25 @@ class Spool:
         tmp = self.directory / "cursor.tmp"
         with open(tmp, "w") as f:
             f.write(f"{self._cursor[0]} {self._cursor[1]}\n")
-            if self.fsync_policy == "always":
+            if self._log.sync.each_write:
                 f.flush()
                 os.fsync(f.fileno())
         os.replace(tmp, self.directory / "cursor")
 
     def _recover_segment(self, seq: int, start: int) -> int:
-        """Count valid records from `start`; truncate at the first torn or corrupt frame."""
-        path = self._path(seq)
-        data = path.read_bytes()
-        pos, count = start, 0
-        while pos < len(data):
-            if pos + _HEADER.size > len(data):
-                break
-            length, crc = _HEADER.unpack_from(data, pos)
-            end = pos + _HEADER.size + length
-            if (
-                length > MAX_RECORD_BYTES
-                or end > len(data)
-                or zlib.crc32(data[pos + _HEADER.size : end]) != crc
-            ):
-                break
-            pos, count = end, count + 1
-        if pos < len(data):
-            self.corrupt_records += 1
-            log.warning(
-                "spool segment %s: torn or corrupt record at byte %d; truncating (%d bytes dropped)",
-                path.name,
-                pos,
-                len(data) - pos,
-            )
-            os.truncate(path, pos)
-        self._sizes[seq] = min(pos, len(data))
+        """Count the valid records from `start`; count, log and skip torn or corrupt stretches."""
+        count = 0
+        for item in self._log.scan(seq, start):
+            if isinstance(item, Damage):
+                self.corrupt_records += 1
+                log.warning(
+                    "spool segment %s: %s at byte %d; %d bytes skipped",
+                    self._log.path(seq).name,
+                    "torn record" if item.torn else "corrupt record",
+                    item.offset,
+                    item.length,
+                )
+                continue
+            count += 1
+            self._next_seq = max(self._next_seq, item.seq + 1)
         return count

@@ -13,6 +13,8 @@ fed; each key then holds each segment it has spans in, until `release(key)` once
 is scored and its events handed to the exporters. A segment is deleted when it is not the active
 one and nothing holds it.
 
+Segment files, frames, the fsync policy, rollover and disk accounting are the shared segment log's
+(stepwatch.segment_log, also under the Kafka spool); this module adds the holds and group commit.
 Records are WalEntry payloads (wal_format.py): replay skips, logs and counts a record whose frame
 checks out but whose entry this release cannot replay, as it does a torn or corrupt one.
 """
@@ -23,24 +25,31 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .wal_format import HEADER_SIZE, Damage, UnreadableEntry, check_entry, frame_header, scan
+from stepwatch.segment_log import (
+    HEADER_SIZE,
+    Damage,
+    FsyncPolicy,
+    SegmentLog,
+    SyncSchedule,
+    close_fd,
+    frame_header,
+    fsync_dir,
+)
+
+from .wal_format import UnreadableEntry, check_entry
 
 log = logging.getLogger(__name__)
 
-FsyncPolicy = Literal["always", "interval", "never"]
-_SEGMENT_NAME = re.compile(r"^(\d{20})\.wal$")
 _MIB = 1024 * 1024
 
 
@@ -101,7 +110,6 @@ class RecordRef:
 @dataclass(slots=True)
 class _Segment:
     id: int
-    size: int = 0
     holds: int = 0
     replayed: bool = True
     """False for a segment found on disk until replay() has read it: never delete unread data."""
@@ -147,14 +155,19 @@ class WriteAheadLog:
         self._check = check
         self.metrics = metrics or WalMetrics(registry)
         self.metrics.bytes_limit.set(config.max_bytes)
-        self._dir = config.directory
+        self._store = SegmentLog(
+            config.directory,
+            suffix="wal",
+            digits=20,
+            max_bytes=config.max_bytes,
+            segment_bytes=config.segment_bytes,
+            sync=SyncSchedule(config.fsync, config.fsync_interval_ms / 1000),
+        )
         self._segments: dict[int, _Segment] = {}
         self._keys: dict[Hashable, set[int]] = {}
         self._born: dict[Hashable, float] = {}
         self._births: deque[tuple[float, Hashable]] = deque()
-        self._bytes = 0
         self._next_seq = 0
-        self._next_segment = 0
         self._active: _Segment | None = None
         self._discovered = False
         self._pending: list[tuple[int, int, bytes]] = []
@@ -164,41 +177,21 @@ class WriteAheadLog:
         self._executor: ThreadPoolExecutor | None = None
         self._closing = False
         self._stopped = False
-        # writer-thread state
-        self._fd: int | None = None
-        self._fd_segment = -1
-        self._dirty = False
-        self._new_dir_entry = False
-        self._last_sync = 0.0
         self.on_delete: Callable[[int], None] | None = None
         """Called with a segment's id when it is deleted (the decision log waits on it)."""
 
     # -- state ------------------------------------------------------------------------------
 
-    def _path(self, segment: int) -> Path:
-        return self._dir / f"{segment:020d}.wal"
-
     def _discover(self) -> None:
         if self._discovered:
             return
         self._discovered = True
-        self._dir.mkdir(parents=True, exist_ok=True)
-        for path in self._dir.iterdir():
-            match = _SEGMENT_NAME.match(path.name)
-            if match is None:
-                continue
-            size = path.stat().st_size
-            if size == 0:
-                path.unlink()
-                continue
-            segment = _Segment(int(match.group(1)), size=size, replayed=False)
-            self._segments[segment.id] = segment
-            self._next_segment = max(self._next_segment, segment.id + 1)
-            self._bytes += size
+        for segment_id in self._store.discover():
+            self._segments[segment_id] = _Segment(segment_id, replayed=False)
         self._publish()
 
     def _publish(self) -> None:
-        self.metrics.bytes.set(self._bytes)
+        self.metrics.bytes.set(self._store.bytes)
         self.metrics.segments.set(len(self._segments))
 
     # -- replay -----------------------------------------------------------------------------
@@ -217,13 +210,13 @@ class WriteAheadLog:
             segment = self._segments[segment_id]
             if segment.replayed:
                 continue
-            data = self._path(segment_id).read_bytes()
-            for item in scan(data):
+            name = self._store.path(segment_id).name
+            for item in self._store.scan(segment_id):
                 if isinstance(item, Damage):
                     self.metrics.corrupt.inc()
                     log.warning(
                         "write-ahead log %s: skipped %d unreadable bytes at offset %d (%s)",
-                        self._path(segment_id).name,
+                        name,
                         item.length,
                         item.offset,
                         "torn tail" if item.torn else "corrupt record, resynchronised",
@@ -236,7 +229,7 @@ class WriteAheadLog:
                     self.metrics.corrupt.inc()
                     log.error(
                         "write-ahead log %s: record %d at offset %d not replayed, its spans are lost: %s",
-                        self._path(segment_id).name,
+                        name,
                         item.seq,
                         item.offset,
                         exc,
@@ -257,7 +250,7 @@ class WriteAheadLog:
         self._discover()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stepwatch-wal")
         self._wake = asyncio.Event()
-        self._last_sync = time.monotonic()
+        self._store.sync.restart()
         self._new_active()
         self._flusher = asyncio.create_task(self._flush_loop(), name="stepwatch-wal-flusher")
 
@@ -272,9 +265,9 @@ class WriteAheadLog:
         self._wake.set()
         await self._flusher
         loop = asyncio.get_running_loop()
-        if self._fd is not None:
-            fd, self._fd, self._fd_segment = self._fd, None, -1
-            await loop.run_in_executor(self._executor, _close_fd, fd, self.config.fsync != "never")
+        fd = self._store.detach()
+        if fd is not None:
+            await loop.run_in_executor(self._executor, close_fd, fd, self._store.sync.on_close)
         active, self._active = self._active, None
         if active is not None and active.holds <= 0:
             self._delete(active)  # everything in it was released: nothing to replay
@@ -309,16 +302,16 @@ class WriteAheadLog:
         if self._closing or self._wake is None or self._active is None:
             raise WalClosed("write-ahead log is not running")
         size = HEADER_SIZE + len(payload)
-        if self._bytes + size > self.config.max_bytes:
-            raise WalFull(self._bytes, self.config.max_bytes)
+        store = self._store
+        if not store.fits(size):
+            raise WalFull(store.bytes, self.config.max_bytes)
         active = self._active
-        if active.size and active.size + size > self.config.segment_bytes:
+        if store.rolls(active.id, size):
             active = self._new_active()
         seq = self._next_seq
         self._next_seq = seq + 1
-        active.size += size
+        store.reserve(active.id, size)
         active.holds += 1
-        self._bytes += size
         self._publish()
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.append((active.id, seq, payload))
@@ -380,7 +373,7 @@ class WriteAheadLog:
 
     def has_room(self, payload_bytes: int) -> bool:
         """Whether an append of this size would fit under max_bytes (check before taking spans)."""
-        return self._bytes + HEADER_SIZE + payload_bytes <= self.config.max_bytes
+        return self._store.fits(HEADER_SIZE + payload_bytes)
 
     def held_keys(self) -> int:
         return len(self._keys)
@@ -395,8 +388,7 @@ class WriteAheadLog:
 
     def _new_active(self) -> _Segment:
         previous = self._active
-        next_id = self._next_segment
-        self._next_segment += 1
+        next_id = self._store.new_segment()
         self._active = _Segment(next_id)
         self._segments[next_id] = self._active
         if previous is not None and previous.holds <= 0:
@@ -406,9 +398,8 @@ class WriteAheadLog:
 
     def _delete(self, segment: _Segment) -> None:
         del self._segments[segment.id]
-        self._bytes -= segment.size
+        path = self._store.forget(segment.id)
         self._publish()
-        path = self._path(segment.id)
         if self._executor is None:
             self._unlink(path)
             if self.on_delete is not None:
@@ -432,15 +423,13 @@ class WriteAheadLog:
         assert self._wake is not None and self._executor is not None
         loop = asyncio.get_running_loop()
         executor = self._executor
-        interval = self.config.fsync_interval_ms / 1000
-        policy = self.config.fsync
+        store = self._store
+        sync = store.sync
         while True:
             if not self._pending:
                 if self._closing:
                     return
-                timeout = None
-                if policy == "interval" and self._dirty:
-                    timeout = max(0.0, self._last_sync + interval - time.monotonic())
+                timeout = sync.wait()
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
@@ -454,20 +443,14 @@ class WriteAheadLog:
                 _resolve(waiters, exc)
                 continue
             for fd in closed:  # rotated-out segments: sync and close them behind the writes
-                syncs.append(loop.run_in_executor(executor, _close_fd, fd, policy != "never"))
-            if self._new_dir_entry and policy != "never":
-                self._new_dir_entry = False
-                syncs.append(loop.run_in_executor(executor, _fsync_dir, self._dir))
-            now = time.monotonic()
-            if (
-                self._fd is not None
-                and self._dirty
-                and (policy == "always" or (policy == "interval" and now - self._last_sync >= interval))
-            ):
-                self._dirty = False
-                self._last_sync = now
-                syncs.append(loop.run_in_executor(executor, os.fsync, self._fd))
-            if policy == "always" and syncs:
+                syncs.append(loop.run_in_executor(executor, close_fd, fd, sync.on_close))
+            if store.new_dir_entry and sync.on_close:
+                store.new_dir_entry = False
+                syncs.append(loop.run_in_executor(executor, fsync_dir, store.directory))
+            if store.fd is not None and sync.due():
+                sync.synced()
+                syncs.append(loop.run_in_executor(executor, os.fsync, store.fd))
+            if sync.each_write and syncs:
                 results = await asyncio.gather(*syncs, return_exceptions=True)
                 error = next((r for r in results if isinstance(r, BaseException)), None)
                 if error is not None:
@@ -475,48 +458,31 @@ class WriteAheadLog:
                     _resolve(waiters, error)
                     continue
             else:
-                for sync in syncs:
-                    sync.add_done_callback(_log_sync_error)
+                for pending in syncs:
+                    pending.add_done_callback(_log_sync_error)
             _resolve(waiters, None)
 
     def _write_batch(self, batch: list[tuple[int, int, bytes]]) -> list[int]:
         """Append the batch's frames; returns descriptors of segments it rotated out of."""
+        store = self._store
         closed: list[int] = []
         parts: list[bytes] = []
         for segment_id, seq, payload in batch:
-            if segment_id != self._fd_segment:
+            if segment_id != store.fd_segment:
                 if parts:
-                    self._write_all(parts)
+                    store.write(parts)
                     parts = []
-                if self._fd is not None:
-                    closed.append(self._fd)
-                self._fd = os.open(self._path(segment_id), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-                self._fd_segment = segment_id
-                self._new_dir_entry = True
+                previous = store.open_for_append(segment_id)
+                if previous is not None:
+                    closed.append(previous)
             parts.append(frame_header(seq, payload))
             parts.append(payload)
         if parts:
-            self._write_all(parts)
+            store.write(parts)
         return closed
-
-    def _write_all(self, parts: list[bytes]) -> None:
-        assert self._fd is not None
-        fd = self._fd
-        for start in range(0, len(parts), _IOV_MAX):
-            chunk = parts[start : start + _IOV_MAX]
-            expected = sum(map(len, chunk))
-            written = os.writev(fd, chunk)
-            if written < expected:  # a short write: finish it without splitting frames in between
-                rest = memoryview(b"".join(chunk))[written:]
-                while rest:
-                    rest = rest[os.write(fd, rest) :]
-        self._dirty = True
 
     def _unlink(self, path: Path) -> None:
         path.unlink(missing_ok=True)
-
-
-_IOV_MAX = 512
 
 
 def _resolve(waiters: list[asyncio.Future[None]], error: BaseException | None) -> None:
@@ -531,22 +497,6 @@ def _resolve(waiters: list[asyncio.Future[None]], error: BaseException | None) -
 def _log_sync_error(future: asyncio.Future[None]) -> None:
     if not future.cancelled() and future.exception() is not None:
         log.error("write-ahead log fsync failed: %s", future.exception())
-
-
-def _close_fd(fd: int, sync: bool) -> None:
-    try:
-        if sync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(directory: Path) -> None:
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def _noop() -> None:

@@ -1,102 +1,13 @@
-"""On-disk format of the write-ahead log: checksummed record frames, segment scanning, entry payloads.
+"""The write-ahead log's record payloads: what one entry holds and which entries replay refuses.
 
-A frame is a 20-byte header followed by the payload::
-
-    magic b"SWL1" | u32 payload length | u64 sequence number | u32 CRC32 | payload
-
-The CRC covers the length, the sequence number and the payload, so a torn write, a flipped bit or
-a damaged length are all caught. The magic lets a reader resynchronise after a damaged frame in
-the middle of a segment: it scans forward for the next offset where a whole frame checks out.
-Pure functions only: no files are opened here.
+The frames around them, the segment files and the scan that reads them back are the shared segment
+log's (stepwatch.segment_log). Pure functions only: no files are opened here.
 """
 
 from __future__ import annotations
 
 import struct
-import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass
-
-MAGIC = b"SWL1"
-_HEADER = struct.Struct("<4sIQI")
-HEADER_SIZE = _HEADER.size
-_CRC_FIELDS = struct.Struct("<IQ")
-MAX_PAYLOAD_BYTES = 256 * 1024 * 1024
-"""Frames claiming more are treated as damage (a real record is bounded by the receivers' limits)."""
-
-
-def frame_header(seq: int, payload: bytes) -> bytes:
-    """The header that goes before `payload` in its frame (written together with writev)."""
-    length = len(payload)
-    crc = zlib.crc32(payload, zlib.crc32(_CRC_FIELDS.pack(length, seq)))
-    return _HEADER.pack(MAGIC, length, seq, crc)
-
-
-@dataclass(frozen=True, slots=True)
-class Frame:
-    seq: int
-    offset: int
-    payload: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Damage:
-    """A stretch of a segment that holds no valid frame: `torn` when it runs to the end of the file."""
-
-    offset: int
-    length: int
-    torn: bool
-
-
-def _frame_at(data: bytes | memoryview, offset: int) -> Frame | None:
-    end = len(data)
-    if offset + HEADER_SIZE > end:
-        return None
-    magic, length, seq, crc = _HEADER.unpack_from(data, offset)
-    if magic != MAGIC or length > MAX_PAYLOAD_BYTES:
-        return None
-    start = offset + HEADER_SIZE
-    if start + length > end:
-        return None
-    payload = data[start : start + length]
-    if zlib.crc32(payload, zlib.crc32(_CRC_FIELDS.pack(length, seq))) != crc:
-        return None
-    return Frame(seq, offset, bytes(payload))
-
-
-def scan(data: bytes) -> Iterator[Frame | Damage]:
-    """Every valid frame of a segment in file order, with a Damage item for each unreadable stretch.
-
-    After damage the scan resumes at the next offset where the magic starts a frame whose CRC
-    checks out; if none follows, the damage is reported as a torn tail.
-    """
-    view = memoryview(data)
-    offset = 0
-    end = len(data)
-    while offset < end:
-        frame = _frame_at(view, offset)
-        if frame is not None:
-            yield frame
-            offset += HEADER_SIZE + len(frame.payload)
-            continue
-        resume = _resync(data, view, offset + 1)
-        if resume is None:
-            yield Damage(offset, end - offset, torn=True)
-            return
-        yield Damage(offset, resume - offset, torn=False)
-        offset = resume
-
-
-def _resync(data: bytes, view: memoryview, start: int) -> int | None:
-    position = data.find(MAGIC, start)
-    while position != -1:
-        if _frame_at(view, position) is not None:
-            return position
-        position = data.find(MAGIC, position + 1)
-    return None
-
-
-# -- entry payloads ---------------------------------------------------------------------------
 
 _ENTRY_HEAD = struct.Struct("<BBHI")
 """version | encoding code | u16 tenant length | u32 skip-list length; then the tenant (UTF-8),

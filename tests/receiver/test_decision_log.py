@@ -89,7 +89,7 @@ async def test_decisions_replay_after_a_restart(tmp_path: Path) -> None:
 
 
 def test_an_unreadable_decision_is_skipped_and_counted(tmp_path: Path) -> None:
-    from stepwatch.receiver.wal_format import frame_header
+    from stepwatch.segment_log import frame_header
 
     good = _decision().to_bytes()
     (tmp_path / "ledger").mkdir()

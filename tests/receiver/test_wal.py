@@ -20,7 +20,8 @@ from prometheus_client import CollectorRegistry
 from stepwatch.config import load_config
 from stepwatch.evaluator.clock import ManualClock
 from stepwatch.receiver.wal import RecordRef, WalClosed, WalConfig, WalFull, WriteAheadLog
-from stepwatch.receiver.wal_format import HEADER_SIZE, WalEntry
+from stepwatch.receiver.wal_format import WalEntry
+from stepwatch.segment_log import HEADER_SIZE
 from stepwatch.service import Service
 
 SEGMENT = 64 * 1024
