@@ -45,7 +45,7 @@ from stepwatch.receiver import spancore
 from stepwatch.receiver.decision_log import Decision, DecisionLog
 from stepwatch.receiver.grpc_server import OtlpGrpcReceiver
 from stepwatch.receiver.http_server import BadRequest, OtlpHttpReceiver, request_from_json
-from stepwatch.receiver.ingest import Ingestor, split_request
+from stepwatch.receiver.ingest import Ingestor, OtlpRequest, split_request
 from stepwatch.receiver.kafka_ingest import IngestedMessage, KafkaIngest, TopicPartition
 from stepwatch.receiver.origin import OriginCache
 from stepwatch.receiver.records import decode_limited
@@ -404,13 +404,12 @@ class Service:
     async def _from_kafka(self, message: IngestedMessage) -> set[bytes]:
         """One Kafka message into the buffer; its trace ids are the keys its offset is held by."""
         try:
-            encoded: bytes | None = None
             refused: list[tuple[str, str]] = []
+            request: ExportTraceServiceRequest | OtlpRequest
             if self.config.receivers.kafka.encoding == "otlp_json":
                 request, refused = request_from_json(message.value)
             else:
-                request = ExportTraceServiceRequest.FromString(message.value)
-                encoded = message.value
+                request = OtlpRequest.from_bytes(message.value)
         except (BadRequest, DecodeError) as exc:
             self.accounting.requests_rejected["decode"] += 1
             where = f"{message.topic}[{message.partition}]@{message.offset}"
@@ -419,7 +418,7 @@ class Service:
             )
             return set()
         await self.ingestor.admit()
-        result = self.ingestor.consume(request, "kafka", encoded=encoded, refused=refused)
+        result = self.ingestor.consume(request, "kafka", refused=refused)
         if result.retry_after is not None or result.unavailable:
             raise _Backpressure()
         return set(result.keys)  # rejected spans are never scored: holding their offset would stall commits
@@ -455,8 +454,7 @@ class Service:
         with ledger.unbounded():  # an entry evicted mid-replay would let a fragment through
             for ref, payload in wal.replay():
                 entry = WalEntry.from_bytes(payload)
-                request = ExportTraceServiceRequest.FromString(entry.data)
-                records, _, _, _ = split_request(request, entry.data)
+                records, _, _, _ = split_request(OtlpRequest.from_bytes(entry.data))
                 if entry.tenant:  # spans of a named tenant: back under that tenant's keys
                     records = [(self.scope.trace_key(entry.tenant, r[0]), *r[1:]) for r in records]  # type: ignore[misc]
                 self.accounting.replayed += len(records)

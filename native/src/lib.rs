@@ -12,6 +12,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PySet, PyString, PyTuple};
 
 pub mod index;
 pub mod lean;
+pub mod validate;
 pub mod wire;
 
 use index::Pieces;
@@ -66,8 +67,19 @@ type Indexed<'py> = (Bound<'py, PyList>, Bound<'py, PyList>, usize);
 /// or None when the bytes are not handled here (the caller then walks the parsed request).
 /// A record is (trace_id, span_id, flags, encoded span, origin); origin is one
 /// (resource bytes, scope bytes) tuple shared by the spans of a ScopeSpans.
+///
+/// With `schema` (a RequestSchema) the whole request is also checked the way upb parses it, and
+/// None is returned unless upb is known to accept it: the index then stands in for the parse.
 #[pyfunction]
-fn index_request<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Option<Indexed<'py>>> {
+#[pyo3(signature = (data, schema=None))]
+fn index_request<'py>(
+    py: Python<'py>,
+    data: &[u8],
+    schema: Option<&RequestSchema>,
+) -> PyResult<Option<Indexed<'py>>> {
+    if schema.is_some_and(|s| s.0.check(data).is_err()) {
+        return Ok(None);
+    }
     let Ok(found) = index::index(data) else {
         return Ok(None);
     };
@@ -114,6 +126,27 @@ fn index_request<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Option<Indexed<'
         records.append(record)?;
     }
     Ok(Some((records, PyList::new(py, rejected)?, found.spans.len())))
+}
+
+/// The schema `index_request` checks a request against: (message count, rows of (message,
+/// field number, kind code, nested message)) as receiver/spancore.py builds them from the
+/// protobuf descriptors (kind codes in validate::Schema::from_rows).
+#[pyclass(frozen, module = "stepwatch.receiver._spancore")]
+struct RequestSchema(validate::Schema);
+
+#[pymethods]
+impl RequestSchema {
+    #[new]
+    fn new(count: usize, rows: Vec<(usize, u32, u8, usize)>) -> PyResult<Self> {
+        validate::Schema::from_rows(count, &rows)
+            .map(RequestSchema)
+            .ok_or_else(|| PyValueError::new_err("a schema row is out of range"))
+    }
+
+    /// Whether upb is known to accept `data` (False: let upb parse it and decide).
+    fn accepts(&self, data: &[u8]) -> bool {
+        self.0.check(data).is_ok()
+    }
 }
 
 /// FNV-1a: the selector's keys are a few dozen short trusted strings, looked up once per attribute;
@@ -463,7 +496,8 @@ fn _spancore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(index_request, m)?)?;
     m.add_function(wrap_pyfunction!(read_spans, m)?)?;
     m.add_class::<Selector>()?;
-    m.add("ABI_VERSION", 1)?;
+    m.add_class::<RequestSchema>()?;
+    m.add("ABI_VERSION", 2)?;
     m.add("SPAN_FIELDS", FIELDS.to_vec())?;
     Ok(())
 }
