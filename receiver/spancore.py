@@ -7,6 +7,9 @@ was never built, a platform without a wheel, or STEPWATCH_NATIVE=0), the pure-Py
 instead with identical results (tests/native); `stepwatch serve` logs which at start-up, and
 STEPWATCH_NATIVE=1 turns a missing extension into an ImportError at start-up instead.
 
+`bare_rows` is evaluator/scorers/alignment.py's DP rows, which the composition root hands to the
+step-accuracy scorer (the evaluator imports nothing from here).
+
 Each function returns None where the Python path must decide (bytes the native reader does not
 handle, a Python callback that raised): the callers then run the pure-Python code, which gives
 today's results and errors. `FALLBACKS` counts those by function.
@@ -25,6 +28,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from stepwatch.evaluator.buffer import SpanRecord
 from stepwatch.evaluator.pipeline import AttributeSelection
+from stepwatch.evaluator.scorers.alignment import BareRows
 
 ABI_VERSION = 2
 """The interface version this binding speaks; an extension built for another one is not used."""
@@ -133,6 +137,12 @@ def _request_schema() -> Any:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     return _core.RequestSchema(*schema_rows(ExportTraceServiceRequest.DESCRIPTOR))  # type: ignore[union-attr]
+
+
+def bare_rows() -> BareRows | None:
+    """The native `alignment.bare_rows` (the same rows), for the composition root to inject; None
+    without the extension."""
+    return _core.bare_rows if _core is not None else None  # type: ignore[no-any-return]
 
 
 _selectors: dict[AttributeSelection, Any] = {}

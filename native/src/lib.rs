@@ -10,6 +10,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PySet, PyString, PyTuple};
 
+pub mod align;
 pub mod index;
 pub mod lean;
 pub mod validate;
@@ -491,10 +492,17 @@ fn set_time<'py>(
     }
 }
 
+/// evaluator/scorers/alignment.py `bare_rows`, row for row (the composition root injects it).
+#[pyfunction]
+fn bare_rows(same: Vec<(i64, i64)>, obs: Vec<i64>) -> Vec<Vec<i64>> {
+    align::bare_rows(&same, &obs)
+}
+
 #[pymodule]
 fn _spancore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(index_request, m)?)?;
     m.add_function(wrap_pyfunction!(read_spans, m)?)?;
+    m.add_function(wrap_pyfunction!(bare_rows, m)?)?;
     m.add_class::<Selector>()?;
     m.add_class::<RequestSchema>()?;
     m.add("ABI_VERSION", 2)?;

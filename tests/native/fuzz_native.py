@@ -27,6 +27,7 @@ with atheris.instrument_imports(include=["stepwatch"]):
 
     from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES
     from stepwatch.evaluator.pipeline import scoring_attributes
+    from stepwatch.evaluator.scorers.alignment import bare_rows
     from stepwatch.receiver import spancore
     from stepwatch.receiver.framing import read_varint
     from stepwatch.receiver.ingest import OtlpRequest, split_request
@@ -103,6 +104,15 @@ def request(data: bytes) -> None:
     assert len(invalid) == sum(expected[1].values())
 
 
+def rows(data: bytes) -> None:
+    """The alignment rows: bytes as (expected token ids, observed ids), native rows == Python's."""
+    half = data[0] % 16 if data else 0
+    tokens, steps = data[1 : 1 + 2 * half], data[1 + 2 * half :]
+    same = [(tokens[i] % 9 - 1, tokens[i + 1] % 9 - 1) for i in range(0, len(tokens) - 1, 2)]
+    obs = [b % 8 for b in steps[:200]]
+    assert core.bare_rows(same, obs) == bare_rows(same, obs)
+
+
 def _frames(data: bytes) -> list[bytes]:
     """The input as length-prefixed span payloads; bytes that do not frame are one payload."""
     out, i = [], 0
@@ -169,7 +179,12 @@ class _native:
         pass
 
 
-TARGETS: dict[str, Callable[[bytes], None]] = {"index": index, "reader": reader, "request": request}
+TARGETS: dict[str, Callable[[bytes], None]] = {
+    "index": index,
+    "reader": reader,
+    "request": request,
+    "rows": rows,
+}
 
 
 def main() -> None:

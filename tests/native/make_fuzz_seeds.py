@@ -133,7 +133,17 @@ def main() -> None:
             Span.FromString(_span().SerializeToString() + _nested_attribute("n", 14))
         ),
     }
-    for folder, seeds in (("index", index), ("reader", reader), ("request", request)):
+    rows = {  # first byte: expected tokens (two id bytes each), then observed ids
+        "empty": b"",
+        "no_expected": b"\x00\x01\x02\x03",
+        "no_observed": b"\x02\x01\x00\x02\x00",
+        "exact_run": b"\x03\x01\x00\x02\x00\x03\x00\x00\x01\x02",
+        "swapped": b"\x03\x01\x00\x02\x00\x03\x00\x01\x00\x02",
+        "agent_and_tool_ids": b"\x02\x01\x03\x00\x02\x02\x00\x01\x01\x02",
+        "long_observed": b"\x04\x01\x00\x02\x00\x03\x00\x04\x00" + bytes(range(8)) * 8,
+        "repeats": b"\x05" + b"\x01\x00" * 5 + b"\x00" * 9,
+    }
+    for folder, seeds in (("index", index), ("reader", reader), ("request", request), ("rows", rows)):
         (HERE / folder).mkdir(parents=True, exist_ok=True)
         for name, data in seeds.items():
             (HERE / folder / name).write_bytes(data)
