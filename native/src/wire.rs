@@ -59,13 +59,20 @@ impl<'a> Fields<'a> {
         &self.data[start..end]
     }
 
-    /// One varint; a single byte (most tags and short lengths) without entering the loop.
+    /// One varint; one or two bytes (tags, lengths under 16 KiB) without entering the loop.
     #[inline(always)]
     fn varint(&mut self) -> Result<u64, WireError> {
-        if let Some(&byte) = self.data[..self.end].get(self.pos) {
+        let bytes = &self.data[..self.end];
+        if let Some(&byte) = bytes.get(self.pos) {
             if byte < 0x80 {
                 self.pos += 1;
                 return Ok(u64::from(byte));
+            }
+            if let Some(&next) = bytes.get(self.pos + 1) {
+                if next < 0x80 {
+                    self.pos += 2;
+                    return Ok(u64::from(byte & 0x7F) | (u64::from(next) << 7));
+                }
             }
         }
         self.long_varint()
