@@ -333,7 +333,7 @@ class Ingestor:
             records = []
         if records:
             wal = self.wal if protocol != "kafka" else None  # Kafka is its own log
-            payload = b""
+            payload: tuple[bytes, bytes] = (b"", b"")
             if wal is not None:
                 # the request as is (as received, or re-serialized: upb is ~5x faster than re-assembling
                 # records), unless some spans were invalid: then only the valid ones, so a replay takes
@@ -344,8 +344,8 @@ class Ingestor:
                     body = received.encoded
                 else:
                     body = received.message.SerializeToString()
-                payload = WalEntry(tenant if tenant != DEFAULT_TENANT_NAME else "", body).to_bytes()
-                if not wal.has_room(len(payload)):
+                payload = WalEntry(tenant if tenant != DEFAULT_TENANT_NAME else "", body).to_parts()
+                if not wal.has_room(len(payload[0]) + len(payload[1])):
                     acc.rejected["wal_full"] += len(records)
                     result.retry_after, result.refusal = self.retry_after, "wal_full"
                     return result
@@ -364,8 +364,8 @@ class Ingestor:
             if wal is not None and taken:
                 if admission.taken is not None:
                     body = records_request_bytes(taken)
-                    payload = WalEntry(tenant if tenant != DEFAULT_TENANT_NAME else "", body).to_bytes()
-                ref, result.durable = wal.append_nowait(payload)
+                    payload = WalEntry(tenant if tenant != DEFAULT_TENANT_NAME else "", body).to_parts()
+                ref, result.durable = wal.append_nowait(payload)  # the body is written, not copied
                 wal.track(ref, result.keys)
             if admission.limit:
                 rejected["limit"] += admission.limit

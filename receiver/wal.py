@@ -35,7 +35,16 @@ from typing import Literal
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .wal_format import HEADER_SIZE, Damage, UnreadableEntry, check_entry, frame_header, scan
+from .wal_format import (
+    HEADER_SIZE,
+    Damage,
+    Payload,
+    UnreadableEntry,
+    check_entry,
+    frame_header,
+    payload_size,
+    scan,
+)
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +166,7 @@ class WriteAheadLog:
         self._next_segment = 0
         self._active: _Segment | None = None
         self._discovered = False
-        self._pending: list[tuple[int, int, bytes]] = []
+        self._pending: list[tuple[int, int, Payload]] = []
         self._waiters: list[asyncio.Future[None]] = []
         self._wake: asyncio.Event | None = None
         self._flusher: asyncio.Task[None] | None = None
@@ -291,7 +300,7 @@ class WriteAheadLog:
 
     # -- append -----------------------------------------------------------------------------
 
-    async def append(self, payload: bytes) -> RecordRef:
+    async def append(self, payload: Payload) -> RecordRef:
         """Log one record; returns once it is written (and synced under fsync="always").
 
         Raises WalFull at the disk bound. The returned ref holds its segment until `track()`.
@@ -304,11 +313,12 @@ class WriteAheadLog:
             raise
         return ref
 
-    def append_nowait(self, payload: bytes) -> tuple[RecordRef, asyncio.Future[None]]:
-        """Queue a record without waiting: the future resolves when `append()` would return."""
+    def append_nowait(self, payload: Payload) -> tuple[RecordRef, asyncio.Future[None]]:
+        """Queue a record without waiting: the future resolves when `append()` would return.
+        `payload`: its bytes, or the parts it is the concatenation of (wal_format.Payload)."""
         if self._closing or self._wake is None or self._active is None:
             raise WalClosed("write-ahead log is not running")
-        size = HEADER_SIZE + len(payload)
+        size = HEADER_SIZE + payload_size(payload)
         if self._bytes + size > self.config.max_bytes:
             raise WalFull(self._bytes, self.config.max_bytes)
         active = self._active
@@ -479,7 +489,7 @@ class WriteAheadLog:
                     sync.add_done_callback(_log_sync_error)
             _resolve(waiters, None)
 
-    def _write_batch(self, batch: list[tuple[int, int, bytes]]) -> list[int]:
+    def _write_batch(self, batch: list[tuple[int, int, Payload]]) -> list[int]:
         """Append the batch's frames; returns descriptors of segments it rotated out of."""
         closed: list[int] = []
         parts: list[bytes] = []
@@ -494,7 +504,10 @@ class WriteAheadLog:
                 self._fd_segment = segment_id
                 self._new_dir_entry = True
             parts.append(frame_header(seq, payload))
-            parts.append(payload)
+            if isinstance(payload, bytes):
+                parts.append(payload)
+            else:
+                parts.extend(payload)
         if parts:
             self._write_all(parts)
         return closed

@@ -25,10 +25,21 @@ MAX_PAYLOAD_BYTES = 256 * 1024 * 1024
 """Frames claiming more are treated as damage (a real record is bounded by the receivers' limits)."""
 
 
-def frame_header(seq: int, payload: bytes) -> bytes:
+Payload = bytes | tuple[bytes, ...]
+"""A record's payload: its bytes, or parts whose concatenation it is (written one after the other
+with the same writev, so a large body is never copied to put a small head before it)."""
+
+
+def payload_size(payload: Payload) -> int:
+    return len(payload) if isinstance(payload, bytes) else sum(map(len, payload))
+
+
+def frame_header(seq: int, payload: Payload) -> bytes:
     """The header that goes before `payload` in its frame (written together with writev)."""
-    length = len(payload)
-    crc = zlib.crc32(payload, zlib.crc32(_CRC_FIELDS.pack(length, seq)))
+    length = payload_size(payload)
+    crc = zlib.crc32(_CRC_FIELDS.pack(length, seq))
+    for part in (payload,) if isinstance(payload, bytes) else payload:
+        crc = zlib.crc32(part, crc)
     return _HEADER.pack(MAGIC, length, seq, crc)
 
 
@@ -156,9 +167,13 @@ class WalEntry:
     data: bytes
 
     def to_bytes(self) -> bytes:
+        return b"".join(self.to_parts())
+
+    def to_parts(self) -> tuple[bytes, bytes]:
+        """(entry head and tenant, body): the payload `to_bytes` is, as a WAL record's parts, so
+        the request body is logged without a copy of it."""
         tenant = self.tenant.encode()
-        head = _ENTRY_HEAD.pack(_ENTRY_VERSION, _OTLP_PROTO, len(tenant), 0)
-        return b"".join((head, tenant, self.data))
+        return _ENTRY_HEAD.pack(_ENTRY_VERSION, _OTLP_PROTO, len(tenant), 0) + tenant, self.data
 
     @classmethod
     def from_bytes(cls, payload: bytes) -> WalEntry:
