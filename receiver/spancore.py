@@ -18,6 +18,7 @@ today's results and errors. `FALLBACKS` counts those by function.
 from __future__ import annotations
 
 import os
+import zlib
 from collections import Counter
 from collections.abc import Callable
 from functools import cache
@@ -144,6 +145,9 @@ def bare_rows() -> BareRows | None:
     without the extension."""
     return _core.bare_rows if _core is not None else None  # type: ignore[no-any-return]
 
+
+crc32: Callable[[bytes, int], int] = _core.crc32 if _core is not None else zlib.crc32
+"""`zlib.crc32` for bytes (the same CRC-32), several times faster natively: the WAL's frame checksums."""
 
 _selectors: dict[AttributeSelection, Any] = {}
 

@@ -17,6 +17,8 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from .spancore import crc32
+
 MAGIC = b"SWL1"
 _HEADER = struct.Struct("<4sIQI")
 HEADER_SIZE = _HEADER.size
@@ -39,7 +41,7 @@ def frame_header(seq: int, payload: Payload) -> bytes:
     length = payload_size(payload)
     crc = zlib.crc32(_CRC_FIELDS.pack(length, seq))
     for part in (payload,) if isinstance(payload, bytes) else payload:
-        crc = zlib.crc32(part, crc)
+        crc = crc32(part, crc)  # zlib's CRC, natively where the span core loaded
     return _HEADER.pack(MAGIC, length, seq, crc)
 
 

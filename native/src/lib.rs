@@ -498,11 +498,22 @@ fn bare_rows(same: Vec<(i64, i64)>, obs: Vec<i64>) -> Vec<Vec<i64>> {
     align::bare_rows(&same, &obs)
 }
 
+/// `zlib.crc32(data, value)` (CRC-32/IEEE, continued from `value`), with the CPU's carry-less
+/// multiply where it has one (several times zlib's speed on the write-ahead log's records).
+#[pyfunction]
+#[pyo3(signature = (data, value=0))]
+fn crc32(data: &[u8], value: u32) -> u32 {
+    let mut hasher = crc32fast::Hasher::new_with_initial(value);
+    hasher.update(data);
+    hasher.finalize()
+}
+
 #[pymodule]
 fn _spancore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(index_request, m)?)?;
     m.add_function(wrap_pyfunction!(read_spans, m)?)?;
     m.add_function(wrap_pyfunction!(bare_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(crc32, m)?)?;
     m.add_class::<Selector>()?;
     m.add_class::<RequestSchema>()?;
     m.add("ABI_VERSION", 2)?;

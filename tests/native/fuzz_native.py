@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import sys
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -113,6 +114,12 @@ def rows(data: bytes) -> None:
     assert core.bare_rows(same, obs) == bare_rows(same, obs)
 
 
+def crc(data: bytes) -> None:
+    """The WAL's checksum: the first 4 bytes a running value, the rest data; native == zlib."""
+    value = int.from_bytes(data[:4], "little")
+    assert core.crc32(data[4:], value) == zlib.crc32(data[4:], value)
+
+
 def _frames(data: bytes) -> list[bytes]:
     """The input as length-prefixed span payloads; bytes that do not frame are one payload."""
     out, i = [], 0
@@ -184,6 +191,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "reader": reader,
     "request": request,
     "rows": rows,
+    "crc": crc,
 }
 
 

@@ -143,7 +143,23 @@ def main() -> None:
         "long_observed": b"\x04\x01\x00\x02\x00\x03\x00\x04\x00" + bytes(range(8)) * 8,
         "repeats": b"\x05" + b"\x01\x00" * 5 + b"\x00" * 9,
     }
-    for folder, seeds in (("index", index), ("reader", reader), ("request", request), ("rows", rows)):
+    crc = {  # the first 4 bytes: the running value (little-endian), then the data
+        "empty": b"",
+        "value_only": b"\xff\xff\xff\xff",
+        "short": b"\x00\x00\x00\x00abc",
+        "continued": b"\x78\x56\x34\x12" + bytes(range(256)),
+        "a_wal_entry": b"\x00\x00\x00\x00" + (CORPUS / "pai_trip_parallel_tools.pb").read_bytes()[:3000],
+        "odd_length": b"\x01\x02\x03\x04" + b"\xa5" * 1031,
+        "three_bytes": b"\x01\x02\x03",
+        "zeros": bytes(4 + 4096),
+    }
+    for folder, seeds in (
+        ("index", index),
+        ("reader", reader),
+        ("request", request),
+        ("rows", rows),
+        ("crc", crc),
+    ):
         (HERE / folder).mkdir(parents=True, exist_ok=True)
         for name, data in seeds.items():
             (HERE / folder / name).write_bytes(data)

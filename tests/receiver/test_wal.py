@@ -391,3 +391,19 @@ async def test_a_record_given_as_parts_is_the_record_of_their_concatenation(tmp_
     assert files[0] == files[1]
     replayed = [payload for _, payload in _replay_all(WriteAheadLog(_config(tmp_path / "parts")))]
     assert [WalEntry.from_bytes(p) for p in replayed] == entries
+
+
+def test_frame_checksums_are_zlibs_crc32_with_or_without_the_native_core() -> None:
+    """The WAL's CRC runs natively when the span core loaded: the same CRC-32 as zlib's, so logs
+    written by either build replay under the other."""
+    from stepwatch.receiver import spancore
+    from stepwatch.receiver.wal_format import frame_header
+
+    body = bytes(range(256)) * 41
+    for part in (b"", b"x", body):
+        for value in (0, 1, 0xFFFFFFFF):
+            assert spancore.crc32(part, value) == zlib.crc32(part, value)
+    header = frame_header(7, (b"head", body))
+    length, seq, crc = struct.unpack("<IQI", header[4:])
+    assert (length, seq) == (4 + len(body), 7)
+    assert crc == zlib.crc32(b"head" + body, zlib.crc32(struct.pack("<IQ", length, seq)))
