@@ -181,6 +181,13 @@ type FnvMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<Fnv>>;
 struct Selector {
     keys: FnvMap<String, Py<PyString>>,
     prefixes: Vec<String>,
+    /// Bit `n` set: some exact key is `n` bytes long (longer keys: bit 127). Most attribute keys a
+    /// span carries are not selected, and their length alone says so without hashing them.
+    lengths: u128,
+}
+
+fn length_bit(len: usize) -> u128 {
+    1u128 << len.min(127)
 }
 
 #[pymethods]
@@ -188,16 +195,24 @@ impl Selector {
     #[new]
     fn new(keys: Vec<Bound<'_, PyString>>, prefixes: Vec<String>) -> PyResult<Self> {
         let mut map = FnvMap::default();
+        let mut lengths = 0u128;
         for key in keys {
-            map.insert(key.to_str()?.to_owned(), key.unbind());
+            let text = key.to_str()?.to_owned();
+            lengths |= length_bit(text.len());
+            map.insert(text, key.unbind());
         }
-        Ok(Selector { keys: map, prefixes })
+        Ok(Selector {
+            keys: map,
+            prefixes,
+            lengths,
+        })
     }
 }
 
 impl Selector {
     fn wants(&self, key: &str) -> bool {
-        self.keys.contains_key(key) || self.prefixes.iter().any(|p| key.starts_with(p.as_str()))
+        (self.lengths & length_bit(key.len()) != 0 && self.keys.contains_key(key))
+            || self.prefixes.iter().any(|p| key.starts_with(p.as_str()))
     }
 
     fn key<'py>(&self, py: Python<'py>, key: &str) -> Bound<'py, PyString> {
@@ -216,6 +231,14 @@ fn hex<'py>(py: Python<'py>, bytes: &[u8]) -> Bound<'py, PyString> {
         out.push(DIGITS[usize::from(byte & 15)] as char);
     }
     PyString::new(py, &out)
+}
+
+fn hex_cached<'py, 'a>(
+    py: Python<'py>,
+    ids: &mut FnvMap<&'a [u8], Bound<'py, PyString>>,
+    bytes: &'a [u8],
+) -> Bound<'py, PyString> {
+    ids.entry(bytes).or_insert_with(|| hex(py, bytes)).clone()
 }
 
 fn simple_value<'py>(py: Python<'py>, value: Simple<'_>) -> PyResult<Bound<'py, PyAny>> {
@@ -385,9 +408,9 @@ fn read_spans<'py>(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn build<'py>(
+fn build<'py, 'a>(
     py: Python<'py>,
-    spans: &[lean::LeanSpan<'_>],
+    spans: &[lean::LeanSpan<'a>],
     payloads: &[Bound<'py, PyBytes>],
     origins: &[Bound<'py, PyAny>],
     selector: &Selector,
@@ -410,6 +433,10 @@ fn build<'py>(
     let mut resource_attributes = py.None().into_bound(py);
     let mut scope_name = py.None().into_bound(py);
     let mut picked: Vec<(&str, &[u8])> = Vec::new();
+    // ids as hex, made once per distinct id of the partition: its spans share one trace id, and
+    // parents are spans of it (equal strings either way; only fewer of them are built)
+    let mut ids: FnvMap<&'a [u8], Bound<'py, PyString>> = FnvMap::default();
+    let empty = PyString::intern(py, "");
     for (index, span) in spans.iter().enumerate() {
         let this = &origins[index];
         if !origin.is_some_and(|o| o.is(this)) {
@@ -457,19 +484,23 @@ fn build<'py>(
             .filter(|&c| c < STATUS_CODES.len())
             .unwrap_or(0);
         let fields = template.copy()?; // presized: no resizing per span
-        fields.set_item(intern!(py, "trace_id"), hex(py, span.trace_id))?;
-        fields.set_item(intern!(py, "span_id"), hex(py, span.span_id))?;
+        fields.set_item(intern!(py, "trace_id"), hex_cached(py, &mut ids, span.trace_id))?;
+        fields.set_item(intern!(py, "span_id"), hex_cached(py, &mut ids, span.span_id))?;
         if span.parent_span_id.is_empty() {
             fields.set_item(intern!(py, "parent_span_id"), py.None())?;
         } else {
-            fields.set_item(intern!(py, "parent_span_id"), hex(py, span.parent_span_id))?;
+            fields.set_item(intern!(py, "parent_span_id"), hex_cached(py, &mut ids, span.parent_span_id))?;
         }
         fields.set_item(intern!(py, "name"), span.name)?;
         fields.set_item(intern!(py, "kind"), &kinds[kind])?;
         set_time(py, &fields, intern!(py, "start_time_unix_nano"), span.start_time)?;
         set_time(py, &fields, intern!(py, "end_time_unix_nano"), span.end_time)?;
         fields.set_item(intern!(py, "status_code"), &codes[code])?;
-        fields.set_item(intern!(py, "status_message"), span.status_message)?;
+        if span.status_message.is_empty() {
+            fields.set_item(intern!(py, "status_message"), &empty)?;
+        } else {
+            fields.set_item(intern!(py, "status_message"), span.status_message)?;
+        }
         fields.set_item(intern!(py, "attributes"), attributes)?;
         fields.set_item(intern!(py, "resource_attributes"), &resource_attributes)?;
         fields.set_item(intern!(py, "scope_name"), &scope_name)?;
