@@ -59,10 +59,22 @@ _IOV_MAX = 512
 # -- frames -----------------------------------------------------------------------------------
 
 
-def frame_header(seq: int, payload: bytes) -> bytes:
-    """The header that goes before `payload` in its frame (written together with writev)."""
-    length = len(payload)
-    crc = zlib.crc32(payload, zlib.crc32(_CRC_FIELDS.pack(length, seq)))
+Payload = bytes | tuple[bytes, ...]
+"""A record's payload: its bytes, or parts whose concatenation it is (written one after the other
+with the same writev, so a large body is never copied to put a small head before it)."""
+
+
+def payload_size(payload: Payload) -> int:
+    return len(payload) if isinstance(payload, bytes) else sum(map(len, payload))
+
+
+def frame_header(seq: int, payload: Payload, crc32: Callable[[bytes, int], int] = zlib.crc32) -> bytes:
+    """The header that goes before `payload` in its frame (written together with writev). `crc32`:
+    zlib's CRC-32 or an implementation of the same (the WAL passes the native span core's)."""
+    length = payload_size(payload)
+    crc = zlib.crc32(_CRC_FIELDS.pack(length, seq))
+    for part in (payload,) if isinstance(payload, bytes) else payload:
+        crc = crc32(part, crc)
     return _HEADER.pack(MAGIC, length, seq, crc)
 
 

@@ -31,7 +31,9 @@ from stepwatch.evaluator.judge.runner import JudgeRunner
 from stepwatch.evaluator.ledger import DecisionLedger
 from stepwatch.evaluator.model import Partition
 from stepwatch.evaluator.scorers.judge_registration import judge_scorer_entries
-from stepwatch.evaluator.scorers.registry import ScorerRegistry
+from stepwatch.evaluator.scorers.registry import ScorerEntry, ScorerRegistry
+from stepwatch.evaluator.scorers.step_accuracy import METRIC as STEP_ACCURACY
+from stepwatch.evaluator.scorers.step_accuracy import StepAccuracyScorer
 from stepwatch.exporters.base import ExpectationsFollower, FanOutExporter, ScoreExporter, capabilities_of
 from stepwatch.exporters.events import root_span_id
 from stepwatch.exporters.judge_metrics import JudgeCollector
@@ -96,7 +98,11 @@ class Service:
         self.judge_runner: JudgeRunner | None = None
         if scorers is None:
             self.judge_runner = build_runner(config.judge)
-            scorers = ScorerRegistry.builtin().extended(judge_scorer_entries(self.judge_runner))
+            scorers = (
+                ScorerRegistry.builtin()
+                .extended(_native_scorer_entries())
+                .extended(judge_scorer_entries(self.judge_runner))
+            )
         self.scorers = scorers
         self.accounting = SpanAccounting()
         sec = config.security
@@ -489,6 +495,15 @@ class Service:
         self.accounting.received[protocol] += spans
         self.accounting.rejected["auth"] += spans
         self.debug.rejections.record(Rejection(protocol, "auth", spans, "no valid bearer token"))
+
+
+def _native_scorer_entries() -> dict[str, ScorerEntry]:
+    """agent.step_accuracy with the native span core's alignment rows (identical, faster), when the
+    extension loaded; the evaluator's own Python rows otherwise (tests/native)."""
+    rows_of = spancore.bare_rows()
+    if rows_of is None:
+        return {}
+    return {STEP_ACCURACY: ScorerEntry(lambda expectation: StepAccuracyScorer(rows_of))}
 
 
 def _decision_log_config(wal: WalConfig) -> WalConfig:

@@ -17,7 +17,10 @@ In one process, on the loadgen's traffic (CPU time per span, median of --rounds)
   native_spans - the same, building the canonical Spans the scorers get (what `serve` runs);
   index_native / index_python - ingest's index of each request (split_request's records and
                  rejections) by the native core, and by the pure-Python loop over the parsed request
-                 (the parse itself is `parse`).
+                 (the parse itself is `parse`);
+  check_native - the request check the receivers run instead of the upb parse (every field against
+                 the schema), and check_index_native the check plus the index, in one call per
+                 request (OtlpRequest.from_bytes): what `parse` + `index_native` cost before.
 `select` / `walk` is what any design that reads spans through upb in Python starts from, before it
 buffers, partitions, finds steps, scores or exports anything (bench_pipeline.py measures those).
 
@@ -135,6 +138,9 @@ def main() -> None:
         floors["native_spans"] = lambda: native(new_span)
         floors["index_native"] = lambda: [spancore.index_request(r) for r in requests]
         floors["index_python"] = index_python
+        schema = spancore._request_schema()
+        floors["check_native"] = lambda: [schema.accepts(r) for r in requests]
+        floors["check_index_native"] = lambda: [spancore.index_valid_request(r) for r in requests]
     us: dict[str, list[float]] = {name: [] for name in floors}
     for _ in range(args.rounds):
         for name, fn in floors.items():

@@ -3,7 +3,8 @@
 
 No gRPC and no second process: the loadgen's requests are fed to the real `Service` (built from
 the embedded defaults plus the loadgen's task expectations, no write-ahead log) with a manual clock:
-  ingest  - Ingestor.consume for every request (validate, split, buffer);
+  ingest  - every request as the receivers take it: OtlpRequest.from_bytes (the native check and
+            index, or a upb parse) and Ingestor.consume (validate, split, buffer);
   close   - PartitionBuffer.sweep after the idle timeout (close detection);
   score   - EvaluationEngine.process_all (decode, partition, steps, trajectory, scorers);
   export  - every score sink's export (Prometheus, plus any stream configured).
@@ -35,6 +36,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from stepwatch.commands.serve import GC_THRESHOLDS
 from stepwatch.config import load_config
 from stepwatch.evaluator.clock import ManualClock
+from stepwatch.receiver.ingest import OtlpRequest
 from stepwatch.service import Service
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,7 +83,7 @@ def one_round(
     consume = service.ingestor.consume
     timed(
         "ingest",
-        lambda: [consume(ExportTraceServiceRequest.FromString(r), "grpc", encoded=r) for r in requests],
+        lambda: [consume(OtlpRequest.from_bytes(r), "grpc") for r in requests],  # as the receivers do
     )
     clock.advance(service.config.buffer.rootless_trace_idle_timeout or 60.0)
     clock.advance(60.0)

@@ -11,7 +11,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from .ingest import SpanSink
+from .ingest import OtlpRequest, SpanSink
 
 SHUTTING_DOWN = "the service is shutting down"
 BUFFER_FULL = "span buffer is full (buffer.max_buffered_spans)"
@@ -32,7 +32,7 @@ class ExportAnswer:
 
 async def answer_request(
     sink: SpanSink,
-    request: ExportTraceServiceRequest,
+    request: ExportTraceServiceRequest | OtlpRequest,
     protocol: str,
     tenant: str | None = None,
     encoded: bytes | None = None,

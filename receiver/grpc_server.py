@@ -24,14 +24,11 @@ from google.protobuf import any_pb2, duration_pb2
 from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-)
 
 from stepwatch.evaluator.accounting import SpanAccounting
 
-from .ingest import SpanSink
 from .answer import answer_request
+from .ingest import OtlpRequest, SpanSink
 from .rejections import Rejection, rejection_of
 
 log = logging.getLogger(__name__)
@@ -138,14 +135,14 @@ class OtlpGrpcReceiver:
             self._rejected(Rejection(PROTOCOL, "too_large", 0, message))
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
         try:
-            request = ExportTraceServiceRequest.FromString(data)
+            request = OtlpRequest.from_bytes(data)  # parsed by upb only where the native core cannot vouch
         except DecodeError as exc:
             self._accounting.requests_rejected["decode"] += 1
             message = f"request is not a valid OTLP ExportTraceServiceRequest ({exc})"
             self._rejected(Rejection(PROTOCOL, "decode", 0, message))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
         tenant = self._tenant() if self._tenant is not None else None
-        outcome = await answer_request(self._sink, request, PROTOCOL, tenant, data)
+        outcome = await answer_request(self._sink, request, PROTOCOL, tenant)
         if self._on_rejected is not None:
             rejection = rejection_of(PROTOCOL, outcome, request, tenant)
             if rejection is not None:

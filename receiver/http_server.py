@@ -30,9 +30,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from stepwatch.evaluator.accounting import SpanAccounting
 from stepwatch.listen_errors import bind_error
 
-from .decoded import INVALID_SPAN, INVALID_TIMESTAMP
-from .ingest import SpanSink
 from .answer import answer_request
+from .decoded import INVALID_SPAN, INVALID_TIMESTAMP
+from .ingest import OtlpRequest, SpanSink
 from .rejections import Rejection, rejection_of
 
 PROTOCOL = "http"
@@ -218,16 +218,17 @@ class OtlpHttpReceiver:
             body = await self._read(request)
             if encoding == "gzip":
                 body = _gunzip(body, self._max)
-            encoded: bytes | None = None
             refused: list[tuple[str, str]] = []
             if media == PROTOBUF:
                 try:
-                    otlp = ExportTraceServiceRequest.FromString(body)
-                    encoded = body
+                    otlp = OtlpRequest.from_bytes(
+                        body
+                    )  # parsed by upb only where the native core cannot vouch
                 except DecodeError as exc:
                     raise BadRequest(f"body is not a valid OTLP ExportTraceServiceRequest ({exc})") from None
             else:
-                otlp, refused = request_from_json(body)
+                message, refused = request_from_json(body)
+                otlp = OtlpRequest(message)
         except BodyTooLarge as exc:
             self._accounting.requests_rejected["too_large"] += 1
             if self._on_too_large is not None:
@@ -239,7 +240,7 @@ class OtlpHttpReceiver:
             self._rejected("decode", str(exc))
             return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), media)
         tenant = self._tenant(request) if self._tenant is not None else None
-        outcome = await answer_request(self._sink, otlp, PROTOCOL, tenant, encoded, refused)
+        outcome = await answer_request(self._sink, otlp, PROTOCOL, tenant, refused=refused)
         if self._on_rejected is not None:
             rejection = rejection_of(PROTOCOL, outcome, otlp, tenant)
             if rejection is not None:

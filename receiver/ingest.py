@@ -5,8 +5,9 @@ of root spans) and keeps each valid span as its encoded bytes; attributes are de
 its partition closes, on the scoring worker (`decode_records`), by the same decoder the offline
 CLI uses, so streaming and offline scores agree.
 
-Every receiver (gRPC, HTTP, Kafka, a WAL replay) turns its wire bytes into an
-`ExportTraceServiceRequest` and calls `SpanSink.consume`; the `IngestResult` says what to answer.
+Every receiver (gRPC, HTTP, Kafka, a WAL replay) turns its wire bytes into an `OtlpRequest` (or
+an `ExportTraceServiceRequest`, from JSON) and calls `SpanSink.consume`; the `IngestResult` says
+what to answer.
 """
 
 from __future__ import annotations
@@ -56,6 +57,56 @@ class IngestResult:
     answering; it raises OSError when the write failed (answer UNAVAILABLE/503)."""
 
 
+class OtlpRequest:
+    """One ExportTraceServiceRequest as a receiver got it: its bytes (when it came as protobuf), the
+    native span core's index of them, and the upb message, parsed only when something needs it
+    (trimming, redaction, the pure-Python path): where the native core has checked the bytes, the
+    hot path never builds the message (receiver/spancore.py)."""
+
+    __slots__ = ("_message", "encoded", "indexed")
+
+    def __init__(
+        self,
+        message: ExportTraceServiceRequest | None = None,
+        encoded: bytes | None = None,
+        indexed: spancore.Indexed | None = None,
+    ) -> None:
+        if message is None and encoded is None:
+            raise ValueError("an OtlpRequest needs its message or its bytes")
+        self._message = message
+        self.encoded = encoded
+        """The protobuf bytes the message is, unmodified; None once it was changed in place."""
+        self.indexed = indexed
+        """split_request's index of `encoded`, when the native core read it."""
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> OtlpRequest:
+        """Raises DecodeError exactly where `ExportTraceServiceRequest.FromString(data)` does: the
+        native core only stands in for the parse on bytes it has checked upb accepts."""
+        indexed = spancore.index_valid_request(data)
+        if indexed is not None:
+            return cls(None, data, indexed)
+        return cls(ExportTraceServiceRequest.FromString(data), data)
+
+    @property
+    def message(self) -> ExportTraceServiceRequest:
+        if self._message is None:
+            assert self.encoded is not None
+            self._message = ExportTraceServiceRequest.FromString(self.encoded)
+        return self._message
+
+    def span_count(self) -> int:
+        if self.indexed is not None:
+            return self.indexed[2]
+        return sum(len(ss.spans) for rs in self.message.resource_spans for ss in rs.scope_spans)
+
+    def changed(self) -> None:
+        """The message was modified in place: its bytes and their index no longer describe it."""
+        self.message  # noqa: B018 - parsed before the bytes are let go
+        self.encoded = None
+        self.indexed = None
+
+
 class SpanSink(Protocol):
     """What every receiver calls with each decoded request. Must not block (runs on the event loop)."""
 
@@ -64,16 +115,17 @@ class SpanSink(Protocol):
 
     def consume(
         self,
-        request: ExportTraceServiceRequest,
+        request: ExportTraceServiceRequest | OtlpRequest,
         protocol: str,
         tenant: str = DEFAULT_TENANT_NAME,
         encoded: bytes | None = None,
         refused: Sequence[tuple[str, str]] = (),
     ) -> IngestResult:
-        """`encoded`: the protobuf bytes `request` was parsed from, when the receiver has them;
-        spans and the log record are then taken from them instead of re-serialized. `refused`:
-        (reason, detail) of spans the receiver's decoder already refused (not in `request`),
-        accounted and reported with this request."""
+        """`request`: the parsed message, or an OtlpRequest (its bytes, parsed only if needed).
+        `encoded`: with a message, the protobuf bytes it was parsed from, when the receiver has
+        them; spans and the log record are then taken from them instead of re-serialized.
+        `refused`: (reason, detail) of spans the receiver's decoder already refused (not in
+        `request`), accounted and reported with this request."""
         ...
 
 
@@ -84,22 +136,29 @@ class BufferTarget(Protocol):
 
 
 def split_request(
-    request: ExportTraceServiceRequest, encoded: bytes | None = None
+    request: ExportTraceServiceRequest | OtlpRequest, encoded: bytes | None = None
 ) -> tuple[list[SpanRecord], Counter[str], dict[str, str], int]:
     """(valid span records, rejections by reason, first detail per reason, total spans).
 
-    `encoded`: the bytes `request` was parsed from, unmodified; each span's payload is then sliced
-    from them (receiver/framing.py) instead of re-serialized, and the native span core, when loaded,
-    reads everything from them in one call (receiver/spancore.py; this loop is its reference).
+    `encoded`: the bytes `request` was parsed from, unmodified (an OtlpRequest carries its own);
+    each span's payload is then sliced from them (receiver/framing.py) instead of re-serialized, and
+    the native span core, when loaded, reads everything from them in one call
+    (receiver/spancore.py; this loop is its reference).
     """
     rejected: Counter[str] = Counter()
     details: dict[str, str] = {}
-    indexed = spancore.index_request(encoded) if encoded is not None else None
+    indexed = None
+    if isinstance(request, OtlpRequest):
+        encoded, indexed = request.encoded, request.indexed
+    if indexed is None and encoded is not None:
+        indexed = spancore.index_request(encoded)
     if indexed is not None:  # the same, read from the bytes in one native call
         records, invalid, total = indexed
         for trace_id, span_id, parent, name in invalid:
             _reject(rejected, details, trace_id, span_id, parent, name)
         return records, rejected, details, total
+    if isinstance(request, OtlpRequest):
+        request = request.message
     records: list[SpanRecord] = []
     append = records.append
     total = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
@@ -222,23 +281,24 @@ class Ingestor:
 
     def consume(
         self,
-        request: ExportTraceServiceRequest,
+        request: ExportTraceServiceRequest | OtlpRequest,
         protocol: str,
         tenant: str = DEFAULT_TENANT_NAME,
         encoded: bytes | None = None,
         refused: Sequence[tuple[str, str]] = (),
     ) -> IngestResult:
+        received = request if isinstance(request, OtlpRequest) else OtlpRequest(request, encoded)
         over = 0
-        if self.max_spans_per_request is not None:
-            over = trim_request(request, self.max_spans_per_request)
-            if over:
-                encoded = None  # no longer what `request` holds
-                if self.limit_meter is not None:
-                    self.limit_meter("spans_per_request", over)
+        limit = self.max_spans_per_request
+        if limit is not None and received.span_count() > limit:
+            over = trim_request(received.message, limit)
+            received.changed()  # its bytes no longer are what the message holds
+            if self.limit_meter is not None:
+                self.limit_meter("spans_per_request", over)
         matcher = self.redaction(tenant) if self.redaction is not None else None
-        if matcher is not None and redact_request(request, matcher):
-            encoded = None
-        records, rejected, details, total = split_request(request, encoded)
+        if matcher is not None and redact_request(received.message, matcher):
+            received.changed()
+        records, rejected, details, total = split_request(received)
         for reason, detail in refused:
             total += 1
             rejected[reason] += 1
@@ -273,17 +333,19 @@ class Ingestor:
             records = []
         if records:
             wal = self.wal if protocol != "kafka" else None  # Kafka is its own log
-            payload = b""
+            payload: tuple[bytes, bytes] = (b"", b"")
             if wal is not None:
                 # the request as is (as received, or re-serialized: upb is ~5x faster than re-assembling
                 # records), unless some spans were invalid: then only the valid ones, so a replay takes
                 # exactly those
                 if rejected:
                     body = records_request_bytes(records)
+                elif received.encoded is not None:
+                    body = received.encoded
                 else:
-                    body = encoded if encoded is not None else request.SerializeToString()
-                payload = WalEntry(tenant if tenant != DEFAULT_TENANT_NAME else "", body).to_bytes()
-                if not wal.has_room(len(payload)):
+                    body = received.message.SerializeToString()
+                payload = WalEntry(tenant if tenant != DEFAULT_TENANT_NAME else "", body).to_parts()
+                if not wal.has_room(len(payload[0]) + len(payload[1])):
                     acc.rejected["wal_full"] += len(records)
                     result.retry_after, result.refusal = self.retry_after, "wal_full"
                     return result
@@ -302,8 +364,8 @@ class Ingestor:
             if wal is not None and taken:
                 if admission.taken is not None:
                     body = records_request_bytes(taken)
-                    payload = WalEntry(tenant if tenant != DEFAULT_TENANT_NAME else "", body).to_bytes()
-                ref, result.durable = wal.append_nowait(payload)
+                    payload = WalEntry(tenant if tenant != DEFAULT_TENANT_NAME else "", body).to_parts()
+                ref, result.durable = wal.append_nowait(payload)  # the body is written, not copied
                 wal.track(ref, result.keys)
             if admission.limit:
                 rejected["limit"] += admission.limit

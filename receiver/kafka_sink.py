@@ -14,7 +14,7 @@ from stepwatch.evaluator.buffer import PartitionBuffer
 
 from .encodings import Encoding
 from .http_server import BadRequest, request_from_json
-from .ingest import Ingestor
+from .ingest import Ingestor, OtlpRequest
 from .kafka_ingest import IngestedMessage, TopicPartition
 from .rejections import Rejection, RejectionLog
 
@@ -45,13 +45,12 @@ class KafkaSpanSink:
     async def __call__(self, message: IngestedMessage) -> set[Hashable]:
         """One message into the buffer; its trace ids are the keys its offset is held by."""
         try:
-            encoded: bytes | None = None
             refused: list[tuple[str, str]] = []
+            request: ExportTraceServiceRequest | OtlpRequest
             if self.encoding == "otlp_json":
                 request, refused = request_from_json(message.value)
             else:
-                request = ExportTraceServiceRequest.FromString(message.value)
-                encoded = message.value
+                request = OtlpRequest.from_bytes(message.value)
         except (BadRequest, DecodeError) as exc:
             self.accounting.requests_rejected["decode"] += 1
             if self.rejections is not None:
@@ -61,7 +60,7 @@ class KafkaSpanSink:
                 )
             return set()
         await self.ingestor.admit()
-        result = self.ingestor.consume(request, "kafka", encoded=encoded, refused=refused)
+        result = self.ingestor.consume(request, "kafka", refused=refused)
         if result.retry_after is not None or result.unavailable:
             raise Backpressure()
         return set(result.keys)  # rejected spans are never scored: holding their offset would stall commits

@@ -13,9 +13,8 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
 from .answer import BUFFER_FULL, SHUTTING_DOWN, WAL_FULL, ExportAnswer
+from .ingest import OtlpRequest
 
 log = logging.getLogger("stepwatch.rejections")
 
@@ -61,12 +60,12 @@ _REFUSALS = {BUFFER_FULL: "buffer_full", WAL_FULL: "wal_full", SHUTTING_DOWN: "s
 
 
 def rejection_of(
-    protocol: str, outcome: ExportAnswer, request: ExportTraceServiceRequest, tenant: str | None
+    protocol: str, outcome: ExportAnswer, request: OtlpRequest, tenant: str | None
 ) -> Rejection | None:
     """The rejection an ingest outcome is, if any: refused whole (backpressure, shutting down, a
     failed log write) or in part (partial success with rejected spans)."""
     if outcome.retry_after is not None:
-        spans = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+        spans = request.span_count()
         reason = _REFUSALS.get(outcome.message, "wal_write_failed")
         return Rejection(protocol, reason, spans, outcome.message, tenant)
     partial = outcome.response.partial_success if outcome.response is not None else None

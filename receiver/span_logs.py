@@ -15,8 +15,6 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
 from stepwatch.evaluator.accounting import SpanAccounting
 from stepwatch.evaluator.buffer import PartitionBuffer, SpanRecord
 from stepwatch.evaluator.scores import PartitionScores
@@ -24,7 +22,7 @@ from stepwatch.security.tenant_scope import TenantScope
 from stepwatch.security.tenants import tenant_of
 
 from .decision_log import Decision, DecisionLog
-from .ingest import split_request
+from .ingest import OtlpRequest, split_request
 from .kafka_ingest import KafkaIngest
 from .wal import RecordRef, WalClosed, WalFull, WriteAheadLog
 from .wal_format import WalEntry
@@ -163,8 +161,7 @@ class SpanLogs:
         with ledger.unbounded():  # an entry evicted mid-replay would let a fragment through
             for ref, payload in wal.replay():
                 entry = WalEntry.from_bytes(payload)
-                request = ExportTraceServiceRequest.FromString(entry.data)
-                records: list[SpanRecord] = split_request(request, entry.data)[0]
+                records: list[SpanRecord] = split_request(OtlpRequest.from_bytes(entry.data))[0]
                 if entry.tenant:  # spans of a named tenant: back under that tenant's keys
                     tenant = entry.tenant
                     records = [(self.scope.trace_key(tenant, r[0]), r[1], r[2], r[3], r[4]) for r in records]

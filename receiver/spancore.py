@@ -7,6 +7,9 @@ was never built, a platform without a wheel, or STEPWATCH_NATIVE=0), the pure-Py
 instead with identical results (tests/native); `stepwatch serve` logs which at start-up, and
 STEPWATCH_NATIVE=1 turns a missing extension into an ImportError at start-up instead.
 
+`bare_rows` is evaluator/scorers/alignment.py's DP rows, which the composition root hands to the
+step-accuracy scorer (the evaluator imports nothing from here).
+
 Each function returns None where the Python path must decide (bytes the native reader does not
 handle, a Python callback that raised): the callers then run the pure-Python code, which gives
 today's results and errors. `FALLBACKS` counts those by function.
@@ -15,15 +18,20 @@ today's results and errors. `FALLBACKS` counts those by function.
 from __future__ import annotations
 
 import os
+import zlib
 from collections import Counter
 from collections.abc import Callable
+from functools import cache
 from types import ModuleType
 from typing import Any
 
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+
 from stepwatch.evaluator.buffer import SpanRecord
 from stepwatch.evaluator.pipeline import AttributeSelection
+from stepwatch.evaluator.scorers.alignment import BareRows
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 """The interface version this binding speaks; an extension built for another one is not used."""
 ENV = "STEPWATCH_NATIVE"
 
@@ -61,9 +69,13 @@ AVAILABLE = _core is not None
 FALLBACKS: Counter[str] = Counter()
 
 
-def index_request(data: bytes) -> tuple[list[SpanRecord], list[tuple[bytes, bytes, bytes, str]], int] | None:
-    """(records of valid spans, (trace id, span id, parent, name) of invalid ones, total spans) of
-    an encoded ExportTraceServiceRequest, as split_request reads them; None: use the Python path."""
+Indexed = tuple[list[SpanRecord], list[tuple[bytes, bytes, bytes, str]], int]
+"""(records of valid spans, (trace id, span id, parent, name) of invalid ones, total spans)."""
+
+
+def index_request(data: bytes) -> Indexed | None:
+    """The Indexed of an encoded ExportTraceServiceRequest, as split_request reads them; None: use
+    the Python path."""
     if _core is None or type(data) is not bytes:
         return None
     found = _core.index_request(data)
@@ -71,6 +83,71 @@ def index_request(data: bytes) -> tuple[list[SpanRecord], list[tuple[bytes, byte
         FALLBACKS["index_request"] += 1
     return found
 
+
+def index_valid_request(data: bytes) -> Indexed | None:
+    """`index_request` of bytes the native core has checked upb would parse (every field against
+    the ExportTraceServiceRequest schema: wire format, UTF-8 strings, nesting); None when it cannot
+    vouch for them (they may not parse: upb must parse them and say why)."""
+    if _core is None or type(data) is not bytes:
+        return None
+    found = _core.index_request(data, _request_schema())
+    if found is None:
+        FALLBACKS["index_valid_request"] += 1
+    return found
+
+
+_KINDS = {
+    FieldDescriptor.TYPE_STRING: 3,
+    FieldDescriptor.TYPE_BYTES: 2,
+    FieldDescriptor.TYPE_MESSAGE: 4,
+    FieldDescriptor.TYPE_DOUBLE: 1,
+    FieldDescriptor.TYPE_FIXED64: 1,
+    FieldDescriptor.TYPE_SFIXED64: 1,
+    FieldDescriptor.TYPE_FLOAT: 5,
+    FieldDescriptor.TYPE_FIXED32: 5,
+    FieldDescriptor.TYPE_SFIXED32: 5,
+}
+"""Descriptor field types -> the native schema's kind codes; every other scalar is a varint (0)."""
+
+
+def schema_rows(root: Descriptor) -> tuple[int, list[tuple[int, int, int, int]]]:
+    """(message count, (message, field number, kind code, nested message) rows) of `root` and every
+    message type it reaches, `root` first: the schema upb parses `root` with, for the native check.
+    Groups (proto2) are not in OTLP; a type with one is refused, not guessed at."""
+    order: dict[str, int] = {root.full_name: 0}
+    pending = [root]
+    rows: list[tuple[int, int, int, int]] = []
+    while pending:
+        message = pending.pop()
+        for field in message.fields:
+            if field.type == FieldDescriptor.TYPE_GROUP:
+                raise ValueError(f"{message.full_name}.{field.name} is a group")
+            nested = 0
+            if field.type == FieldDescriptor.TYPE_MESSAGE:
+                target = field.message_type
+                if target.full_name not in order:
+                    order[target.full_name] = len(order)
+                    pending.append(target)
+                nested = order[target.full_name]
+            rows.append((order[message.full_name], field.number, _KINDS.get(field.type, 0), nested))
+    return len(order), rows
+
+
+@cache
+def _request_schema() -> Any:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    return _core.RequestSchema(*schema_rows(ExportTraceServiceRequest.DESCRIPTOR))  # type: ignore[union-attr]
+
+
+def bare_rows() -> BareRows | None:
+    """The native `alignment.bare_rows` (the same rows), for the composition root to inject; None
+    without the extension."""
+    return _core.bare_rows if _core is not None else None  # type: ignore[no-any-return]
+
+
+crc32: Callable[[bytes, int], int] = _core.crc32 if _core is not None else zlib.crc32
+"""`zlib.crc32` for bytes (the same CRC-32), several times faster natively: the WAL's frame checksums."""
 
 _selectors: dict[AttributeSelection, Any] = {}
 

@@ -39,13 +39,16 @@ from stepwatch.segment_log import (
     HEADER_SIZE,
     Damage,
     FsyncPolicy,
+    Payload,
     SegmentLog,
     SyncSchedule,
     close_fd,
     frame_header,
     fsync_dir,
+    payload_size,
 )
 
+from .spancore import crc32
 from .wal_format import UnreadableEntry, check_entry
 
 log = logging.getLogger(__name__)
@@ -170,7 +173,7 @@ class WriteAheadLog:
         self._next_seq = 0
         self._active: _Segment | None = None
         self._discovered = False
-        self._pending: list[tuple[int, int, bytes]] = []
+        self._pending: list[tuple[int, int, Payload]] = []
         self._waiters: list[asyncio.Future[None]] = []
         self._wake: asyncio.Event | None = None
         self._flusher: asyncio.Task[None] | None = None
@@ -284,7 +287,7 @@ class WriteAheadLog:
 
     # -- append -----------------------------------------------------------------------------
 
-    async def append(self, payload: bytes) -> RecordRef:
+    async def append(self, payload: Payload) -> RecordRef:
         """Log one record; returns once it is written (and synced under fsync="always").
 
         Raises WalFull at the disk bound. The returned ref holds its segment until `track()`.
@@ -297,11 +300,12 @@ class WriteAheadLog:
             raise
         return ref
 
-    def append_nowait(self, payload: bytes) -> tuple[RecordRef, asyncio.Future[None]]:
-        """Queue a record without waiting: the future resolves when `append()` would return."""
+    def append_nowait(self, payload: Payload) -> tuple[RecordRef, asyncio.Future[None]]:
+        """Queue a record without waiting: the future resolves when `append()` would return.
+        `payload`: its bytes, or the parts it is the concatenation of (segment_log.Payload)."""
         if self._closing or self._wake is None or self._active is None:
             raise WalClosed("write-ahead log is not running")
-        size = HEADER_SIZE + len(payload)
+        size = HEADER_SIZE + payload_size(payload)
         store = self._store
         if not store.fits(size):
             raise WalFull(store.bytes, self.config.max_bytes)
@@ -462,7 +466,7 @@ class WriteAheadLog:
                     pending.add_done_callback(_log_sync_error)
             _resolve(waiters, None)
 
-    def _write_batch(self, batch: list[tuple[int, int, bytes]]) -> list[int]:
+    def _write_batch(self, batch: list[tuple[int, int, Payload]]) -> list[int]:
         """Append the batch's frames; returns descriptors of segments it rotated out of."""
         store = self._store
         closed: list[int] = []
@@ -475,8 +479,11 @@ class WriteAheadLog:
                 previous = store.open_for_append(segment_id)
                 if previous is not None:
                     closed.append(previous)
-            parts.append(frame_header(seq, payload))
-            parts.append(payload)
+            parts.append(frame_header(seq, payload, crc32))  # natively where the span core loaded
+            if isinstance(payload, bytes):
+                parts.append(payload)
+            else:
+                parts.extend(payload)
         if parts:
             store.write(parts)
         return closed

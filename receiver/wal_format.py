@@ -67,9 +67,13 @@ class WalEntry:
     data: bytes
 
     def to_bytes(self) -> bytes:
+        return b"".join(self.to_parts())
+
+    def to_parts(self) -> tuple[bytes, bytes]:
+        """(entry head and tenant, body): the payload `to_bytes` is, as a WAL record's parts, so
+        the request body is logged without a copy of it."""
         tenant = self.tenant.encode()
-        head = _ENTRY_HEAD.pack(_ENTRY_VERSION, _OTLP_PROTO, len(tenant), 0)
-        return b"".join((head, tenant, self.data))
+        return _ENTRY_HEAD.pack(_ENTRY_VERSION, _OTLP_PROTO, len(tenant), 0) + tenant, self.data
 
     @classmethod
     def from_bytes(cls, payload: bytes) -> WalEntry:

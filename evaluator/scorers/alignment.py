@@ -38,7 +38,7 @@ both to a textbook edit distance.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import Literal, NamedTuple, cast
@@ -97,13 +97,20 @@ def names_match(expected: str, step: Step) -> bool:
     return expected == step.name
 
 
+BareRows = Callable[[Sequence[tuple[int, int]], Sequence[int]], list[list[int]]]
+"""`bare_rows`'s signature: what a faster implementation of it (the native span core's, injected by
+the composition root through StepAccuracyScorer) must be, giving exactly its rows."""
+
+
 def align(
     expected: Sequence[ExpectedStep],
     observed: Sequence[Step],
     *,
     max_cells: int = DEFAULT_MAX_CELLS,
+    rows_of: BareRows | None = None,
 ) -> Alignment:
-    """Minimum-cost alignment with traceback. `expected` must already be validated."""
+    """Minimum-cost alignment with traceback. `expected` must already be validated. `rows_of`: an
+    implementation of `bare_rows` to run instead of it (same rows)."""
     n, m = len(expected), len(observed)
     if (n + 1) * (m + 1) > max_cells:
         raise AlignmentTooLarge(
@@ -117,7 +124,8 @@ def align(
     rows: Sequence[Sequence[int]]
     window_starts: dict[int, np.ndarray] = {}
     if bare and m <= PYTHON_ROW_MAX:
-        rows = _bare_rows(expected, obs_list, vocab)  # type: ignore[arg-type]  # no groups
+        same = [_token_ids(token, vocab) for token in expected]  # type: ignore[arg-type]  # no groups
+        rows = (rows_of or bare_rows)(same, obs_list)
     else:
         rows = cast(Sequence[Sequence[int]], _numpy_rows(expected, obs_list, vocab, window_starts))
     steps = _traceback(expected, observed, rows, window_starts)
@@ -138,18 +146,24 @@ def _exact_alignment(expected: Sequence[str], observed: Sequence[Step]) -> Align
     return Alignment(distance=0, steps=steps)
 
 
-def _bare_rows(expected: Sequence[str], obs: Sequence[int], vocab: dict[_Key, int]) -> list[list[int]]:
+def _token_ids(token: str, vocab: dict[_Key, int]) -> tuple[int, int]:
+    """The observed-step ids a bare expected token matches (a TOOL key, an AGENT name; -1: none)."""
+    return vocab.get(("T", normalise_tool_name(token)), -1), vocab.get(("A", token), -1)
+
+
+def bare_rows(same: Sequence[tuple[int, int]], obs: Sequence[int]) -> list[list[int]]:
     """The DP rows of a group-free expectation in pure Python: the same Levenshtein recurrence as
-    the numpy bare row, cheaper for short rows where numpy's per-call overhead dominates."""
+    the numpy bare row, cheaper for short rows where numpy's per-call overhead dominates. `same[i]`:
+    the two observed-step ids expected token i matches (-1 for none), `obs`: the observed steps' ids.
+    """
     prev = list(range(len(obs) + 1))
     rows = [prev]
-    for token in expected:
-        same = {vocab.get(("T", normalise_tool_name(token)), -1), vocab.get(("A", token), -1)}
+    for tool_id, agent_id in same:
         left = prev[0] + 1
         row = [left]
         # prev[j] and prev[j + 1] for each observed step j (prev is one longer than obs)
         for sid, diagonal, above in zip(obs, prev, prev[1:], strict=False):
-            best = diagonal if sid in same else diagonal + 1
+            best = diagonal if sid in (tool_id, agent_id) else diagonal + 1
             if above + 1 < best:
                 best = above + 1
             if left + 1 < best:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from ..expected_steps import ExpectedStep, ExpectedStepsError, ScoringMethod, validate_expected_steps
 from ..model import Step
 from ..results import ScoreResult, new_result
-from .alignment import AlignedStep, AlignmentTooLarge, align, names_match
+from .alignment import AlignedStep, AlignmentTooLarge, BareRows, align, names_match
 from .base import ScoringInput
 
 METRIC = "agent.step_accuracy"
@@ -62,11 +62,12 @@ def step_accuracy(
     observed: Sequence[Step],
     expected: Sequence[ExpectedStep],
     scoring_method: ScoringMethod = "edit_distance",
+    rows_of: BareRows | None = None,
 ) -> tuple[float, dict[str, Any]]:
     """Score `observed` against `expected`; returns (score in [0, 1], metadata as the spec names it).
 
     Raises StepAccuracyError for malformed expected steps, a group under strict_position, or an
-    alignment too large for the memory budget.
+    alignment too large for the memory budget. `rows_of`: see `align`.
     """
     check_expected_steps(expected, scoring_method)
     total = sum(len(t) if isinstance(t, list) else 1 for t in expected)
@@ -83,7 +84,7 @@ def step_accuracy(
         return correct / total, metadata
 
     try:
-        alignment = align(expected, observed)
+        alignment = align(expected, observed, rows_of=rows_of)
     except AlignmentTooLarge as exc:
         raise StepAccuracyError(str(exc)) from exc
     denominator = max(total, len(observed))
@@ -104,6 +105,10 @@ class StepAccuracyScorer:
     """Reads steps and trajectory only: the service may decode just `scoring_attributes`."""
     reads_step_io = False
 
+    def __init__(self, rows_of: BareRows | None = None) -> None:
+        """`rows_of`: a faster `alignment.bare_rows` (the composition root's native one), or None."""
+        self._rows_of = rows_of
+
     def applicable(self, inp: ScoringInput) -> bool:
         return inp.expected_steps is not None
 
@@ -117,7 +122,7 @@ class StepAccuracyScorer:
         ignore = expectation.ignore_steps if expectation is not None else []
         kept, ignored = _without_ignored(inp.steps, ignore) if ignore else (inp.steps, [])
         try:
-            value, metadata = step_accuracy(kept, inp.expected_steps or [], inp.scoring_method)
+            value, metadata = step_accuracy(kept, inp.expected_steps or [], inp.scoring_method, self._rows_of)
         except StepAccuracyError as exc:
             return new_result(
                 self.name,

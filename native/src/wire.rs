@@ -59,7 +59,27 @@ impl<'a> Fields<'a> {
         &self.data[start..end]
     }
 
+    /// One varint; one or two bytes (tags, lengths under 16 KiB) without entering the loop.
+    #[inline(always)]
     fn varint(&mut self) -> Result<u64, WireError> {
+        let bytes = &self.data[..self.end];
+        if let Some(&byte) = bytes.get(self.pos) {
+            if byte < 0x80 {
+                self.pos += 1;
+                return Ok(u64::from(byte));
+            }
+            if let Some(&next) = bytes.get(self.pos + 1) {
+                if next < 0x80 {
+                    self.pos += 2;
+                    return Ok(u64::from(byte & 0x7F) | (u64::from(next) << 7));
+                }
+            }
+        }
+        self.long_varint()
+    }
+
+    #[inline(never)]
+    fn long_varint(&mut self) -> Result<u64, WireError> {
         let mut value: u64 = 0;
         for i in 0..10 {
             if self.pos >= self.end {
@@ -85,11 +105,28 @@ impl<'a> Fields<'a> {
     }
 
     /// The next (field number, value), `Ok(None)` at the end of the message.
+    #[inline]
     pub fn next_field(&mut self) -> Result<Option<(u32, Value)>, WireError> {
+        self.field(false)
+    }
+
+    /// `next_field` that also refuses what only upb refuses: a tag written in more than 5 bytes, a
+    /// length of 2^31 - 1 or more (upb's limits; `next_field` reads those as well-formed).
+    #[inline]
+    pub fn next_field_strict(&mut self) -> Result<Option<(u32, Value)>, WireError> {
+        self.field(true)
+    }
+
+    #[inline(always)]
+    fn field(&mut self, strict: bool) -> Result<Option<(u32, Value)>, WireError> {
         if self.pos >= self.end {
             return Ok(None);
         }
+        let at = self.pos;
         let key = self.varint()?;
+        if strict && self.pos - at > 5 {
+            return Err(WireError::Malformed);
+        }
         let number = key >> 3;
         if number == 0 || number > 0x1FFF_FFFF {
             return Err(WireError::Malformed);
@@ -105,7 +142,7 @@ impl<'a> Fields<'a> {
             2 => {
                 let size = self.varint()?;
                 let room = (self.end - self.pos) as u64;
-                if size > room {
+                if size > room || (strict && size >= i32::MAX as u64) {
                     return Err(WireError::Malformed);
                 }
                 let start = self.take(size as usize)?;
@@ -127,6 +164,12 @@ impl<'a> Fields<'a> {
 /// A proto3 string field's bytes as text; upb refuses the message when they are not UTF-8.
 pub fn utf8(bytes: &[u8]) -> Result<&str, WireError> {
     std::str::from_utf8(bytes).map_err(|_| WireError::Malformed)
+}
+
+/// Whether `bytes` are UTF-8; ASCII (most text on the wire) is checked a word at a time first.
+#[inline]
+pub fn is_utf8(bytes: &[u8]) -> bool {
+    bytes.is_ascii() || std::str::from_utf8(bytes).is_ok()
 }
 
 #[cfg(test)]

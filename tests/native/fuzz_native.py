@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import sys
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -27,9 +28,10 @@ with atheris.instrument_imports(include=["stepwatch"]):
 
     from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES
     from stepwatch.evaluator.pipeline import scoring_attributes
+    from stepwatch.evaluator.scorers.alignment import bare_rows
     from stepwatch.receiver import spancore
     from stepwatch.receiver.framing import read_varint
-    from stepwatch.receiver.ingest import split_request
+    from stepwatch.receiver.ingest import OtlpRequest, split_request
     from stepwatch.receiver.origin import OriginCache
     from stepwatch.receiver.otlp_proto import new_span
     from stepwatch.receiver.otlp_selective import _whole, any_value_bytes, decode_selected_python
@@ -70,6 +72,52 @@ def index(data: bytes) -> None:
         _, rejected, details, _ = split_request(request, data)
     assert (rejected, details) == (want_rejected, want_details)
     assert len(invalid) == sum(want_rejected.values())
+
+
+def request(data: bytes) -> None:
+    """The receivers' parse: `OtlpRequest.from_bytes` raises exactly where upb does, with upb's
+    message, and where the native core vouches for the bytes (no upb parse) upb accepts them and
+    the index is the pure-Python path's."""
+    found = core.index_request(data, spancore._request_schema())  # must not raise, whatever the bytes
+    try:
+        want = ExportTraceServiceRequest.FromString(data)
+    except DecodeError as exc:
+        assert found is None, "the native core vouched for bytes upb refuses"
+        try:
+            OtlpRequest.from_bytes(data)
+        except DecodeError as got:
+            assert str(got) == str(exc), (str(got), str(exc))
+        else:
+            raise AssertionError("from_bytes took bytes upb refuses") from exc
+        return
+    got = OtlpRequest.from_bytes(data)
+    assert got.message == want
+    if found is None:
+        return
+    assert got.indexed == found
+    with _python():
+        expected = split_request(want, data)
+    records, invalid, total = found
+    assert total == expected[3], (total, expected[3])
+    assert [r[:4] for r in records] == [r[:4] for r in expected[0]]
+    for a, b in zip(records, expected[0], strict=True):
+        assert _origin_equal(a[4], b[4])
+    assert len(invalid) == sum(expected[1].values())
+
+
+def rows(data: bytes) -> None:
+    """The alignment rows: bytes as (expected token ids, observed ids), native rows == Python's."""
+    half = data[0] % 16 if data else 0
+    tokens, steps = data[1 : 1 + 2 * half], data[1 + 2 * half :]
+    same = [(tokens[i] % 9 - 1, tokens[i + 1] % 9 - 1) for i in range(0, len(tokens) - 1, 2)]
+    obs = [b % 8 for b in steps[:200]]
+    assert core.bare_rows(same, obs) == bare_rows(same, obs)
+
+
+def crc(data: bytes) -> None:
+    """The WAL's checksum: the first 4 bytes a running value, the rest data; native == zlib."""
+    value = int.from_bytes(data[:4], "little")
+    assert core.crc32(data[4:], value) == zlib.crc32(data[4:], value)
 
 
 def _frames(data: bytes) -> list[bytes]:
@@ -138,7 +186,13 @@ class _native:
         pass
 
 
-TARGETS: dict[str, Callable[[bytes], None]] = {"index": index, "reader": reader}
+TARGETS: dict[str, Callable[[bytes], None]] = {
+    "index": index,
+    "reader": reader,
+    "request": request,
+    "rows": rows,
+    "crc": crc,
+}
 
 
 def main() -> None:

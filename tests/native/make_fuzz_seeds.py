@@ -109,7 +109,57 @@ def main() -> None:
             good + b"\x4a\x0e\x0a\x0asession.id\x12\x00" + b"\x4a\x08\x0a\x02ab\x12\x02\x18"
         ),
     }
-    for folder, seeds in (("index", index), ("reader", reader)):
+    plain = _request(_span())
+    bad_value = _request(_span(attributes=[KeyValue(key="k", value=AnyValue(bytes_value=b"\xff"))])).replace(
+        b"\x3a\x01\xff", b"\x0a\x01\xff"
+    )  # the bytes value made a string_value: not UTF-8
+    request = {
+        **{name: data for name, data in index.items() if name != "real_sdk_request"},
+        "real_sdk_request": (CORPUS / "pai_trip_parallel_tools.pb").read_bytes(),
+        "invalid_utf8_attribute_value": bad_value,
+        "invalid_utf8_scope_name": _request(_span()).replace(b"\x0a\x03lib", b"\x0a\x03l\xffb"),
+        "tag_in_six_bytes": plain + b"\x88\x80\x80\x80\x80\x00\x01",
+        "unknown_fields_every_wire_type": plain
+        + b"\xf8\x01\x05\xf9\x01"
+        + bytes(8)
+        + b"\xfd\x01"
+        + bytes(4)
+        + b"\xfa\x01\x02\xff\xfe",
+        "string_as_varint": _request(Span()) + _len(1, _len(2, _len(2, b"\x28\x01"))),
+        "nesting_near_the_native_cap": _request(
+            Span.FromString(_span().SerializeToString() + _nested_attribute("n", 13))
+        ),
+        "nesting_past_the_native_cap": _request(
+            Span.FromString(_span().SerializeToString() + _nested_attribute("n", 14))
+        ),
+    }
+    rows = {  # first byte: expected tokens (two id bytes each), then observed ids
+        "empty": b"",
+        "no_expected": b"\x00\x01\x02\x03",
+        "no_observed": b"\x02\x01\x00\x02\x00",
+        "exact_run": b"\x03\x01\x00\x02\x00\x03\x00\x00\x01\x02",
+        "swapped": b"\x03\x01\x00\x02\x00\x03\x00\x01\x00\x02",
+        "agent_and_tool_ids": b"\x02\x01\x03\x00\x02\x02\x00\x01\x01\x02",
+        "long_observed": b"\x04\x01\x00\x02\x00\x03\x00\x04\x00" + bytes(range(8)) * 8,
+        "repeats": b"\x05" + b"\x01\x00" * 5 + b"\x00" * 9,
+    }
+    crc = {  # the first 4 bytes: the running value (little-endian), then the data
+        "empty": b"",
+        "value_only": b"\xff\xff\xff\xff",
+        "short": b"\x00\x00\x00\x00abc",
+        "continued": b"\x78\x56\x34\x12" + bytes(range(256)),
+        "a_wal_entry": b"\x00\x00\x00\x00" + (CORPUS / "pai_trip_parallel_tools.pb").read_bytes()[:3000],
+        "odd_length": b"\x01\x02\x03\x04" + b"\xa5" * 1031,
+        "three_bytes": b"\x01\x02\x03",
+        "zeros": bytes(4 + 4096),
+    }
+    for folder, seeds in (
+        ("index", index),
+        ("reader", reader),
+        ("request", request),
+        ("rows", rows),
+        ("crc", crc),
+    ):
         (HERE / folder).mkdir(parents=True, exist_ok=True)
         for name, data in seeds.items():
             (HERE / folder / name).write_bytes(data)

@@ -22,7 +22,7 @@ from stepwatch.evaluator.pipeline import score_partition, scoring_attributes
 from stepwatch.evaluator.scorers.registry import default_scorers
 from stepwatch.evaluator.steps import extract_steps
 from stepwatch.receiver import spancore
-from stepwatch.receiver.ingest import split_request
+from stepwatch.receiver.ingest import OtlpRequest, split_request
 from stepwatch.receiver.otlp_selective import decode_selected
 from stepwatch.receiver.records import decode_limited
 from stepwatch.security.config import LimitsConfig
@@ -110,8 +110,8 @@ def _run_service(requests: list[bytes], expectations: Path) -> tuple[list[Any], 
     clock = ManualClock()
     environ = {"STEPWATCH_EXPECTATIONS__FILE": str(expectations), "STEPWATCH_EXPECTATIONS__WATCH": "false"}
     service = Service(load_config(None, environ=environ), clock=clock)
-    for data in requests:
-        result = service.ingestor.consume(ExportTraceServiceRequest.FromString(data), "grpc", encoded=data)
+    for data in requests:  # as the receivers hand them over: checked natively, parsed by upb without it
+        result = service.ingestor.consume(OtlpRequest.from_bytes(data), "grpc")
         assert result.retry_after is None
     clock.advance(service.config.buffer.rootless_trace_idle_timeout or 60.0)
     clock.advance(60.0)
