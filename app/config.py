@@ -43,7 +43,7 @@ ENV_NOT_SETTINGS = frozenset(
 )
 """STEPWATCH_* variables that are not config keys: the config file name, the token sources
 (read by the authenticators, never parsed into the config, so tokens cannot leak via check-config)
-and the native span core switch (receiver/spancore.py, read at import)."""
+and the native span core switch (receiver/codec/spancore.py, read at import)."""
 
 K8S_SERVICE_LINK = re.compile(
     r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*_(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?"

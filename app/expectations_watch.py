@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from stepwatch.evaluator.expectations_store import ExpectationsError, ExpectationsStore
+from stepwatch.evaluator.expectations.store import ExpectationsError, ExpectationsStore
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from stepwatch.evaluator.backlog import ScoringBacklog
 from stepwatch.evaluator.buffer import PartitionBuffer
 from stepwatch.evaluator.clock import Clock, SystemClock
 from stepwatch.evaluator.engine import EngineSettings, EvaluationEngine
-from stepwatch.evaluator.expectations_store import ExpectationsStore
+from stepwatch.evaluator.expectations.store import ExpectationsStore
 from stepwatch.evaluator.judge.factory import build_runner
 from stepwatch.evaluator.judge.runner import JudgeRunner
 from stepwatch.evaluator.ledger import DecisionLedger
@@ -41,15 +41,15 @@ from stepwatch.exporters.private_sink import PrivateSink
 from stepwatch.exporters.prometheus import PrometheusExporter
 from stepwatch.exporters.score_streams import ROOT_SPAN_ATTRIBUTE, build_score_streams
 from stepwatch.exporters.telemetry import MetricsServer, Telemetry
-from stepwatch.receiver import spancore
+from stepwatch.receiver.codec import spancore
+from stepwatch.receiver.codec.origin import OriginCache
+from stepwatch.receiver.codec.records import decode_limited
 from stepwatch.receiver.decision_log import DecisionLog
 from stepwatch.receiver.grpc_server import OtlpGrpcReceiver
 from stepwatch.receiver.http_server import OtlpHttpReceiver
 from stepwatch.receiver.ingest import Ingestor
 from stepwatch.receiver.kafka_ingest import KafkaIngest
 from stepwatch.receiver.kafka_sink import Backpressure, KafkaSpanSink
-from stepwatch.receiver.origin import OriginCache
-from stepwatch.receiver.records import decode_limited
 from stepwatch.receiver.rejections import Rejection
 from stepwatch.receiver.span_logs import SpanLogs
 from stepwatch.receiver.wal import WalConfig, WriteAheadLog

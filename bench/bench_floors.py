@@ -6,12 +6,12 @@ In one process, on the loadgen's traffic (CPU time per span, median of --rounds)
   walk         - parse, then every span's ids, name, times, status and attributes into Python values
                  (the loadgen's sink_server `walk_spans`, the floor the issue compares with);
   select       - the least Stepwatch's close path reads, with its own production pieces: each span's
-                 bytes framed (receiver/framing.py) and parsed in one upb call as LeanSpans
-                 (receiver/otlp_selective.py), then ids, name, kind, times, status and only the
+                 bytes framed (receiver/codec/framing.py) and parsed in one upb call as LeanSpans
+                 (receiver/codec/otlp_selective.py), then ids, name, kind, times, status and only the
                  scoring attributes (`scoring_attributes`, no step I/O) into Python values: no
                  canonical Span, no steps, no scores;
   select_ids   - the same without any attribute: ids, name, kind, times and status only;
-  native_read  - the native span core's close-time reader (receiver/spancore.py, native/) on the
+  native_read  - the native span core's close-time reader (receiver/codec/spancore.py, native/) on the
                  same records, one call per request: the same fields and only the scoring
                  attributes as Python values (one dict per span, no canonical Span);
   native_spans - the same, building the canonical Spans the scorers get (what `serve` runs);
@@ -43,11 +43,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from stepwatch.config import load_config
 from stepwatch.evaluator.pipeline import scoring_attributes
-from stepwatch.receiver import spancore
-from stepwatch.receiver.framing import span_extents, varint_bytes
+from stepwatch.receiver.codec import spancore
+from stepwatch.receiver.codec.framing import span_extents, varint_bytes
+from stepwatch.receiver.codec.otlp_proto import new_span
+from stepwatch.receiver.codec.otlp_selective import LeanSpans, _whole, any_value_bytes, selected
 from stepwatch.receiver.ingest import split_request
-from stepwatch.receiver.otlp_proto import new_span
-from stepwatch.receiver.otlp_selective import LeanSpans, _whole, any_value_bytes, selected
 
 
 def lean_spans(requests: list[bytes]) -> list[object]:

@@ -27,7 +27,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from stepwatch.receiver.otlp_proto import decode_request_bytes
+from stepwatch.receiver.codec.otlp_proto import decode_request_bytes
 from stepwatch.receiver.wal import WalConfig, WriteAheadLog
 from stepwatch.receiver.wal_format import WalEntry
 

@@ -22,8 +22,8 @@ from typing import Protocol
 from .accounting import SpanAccounting
 from .backlog import ScoringBacklog
 from .buffer import ClosedPartition, PartitionBuffer, SessionRoute, SpanRecord
-from .expectation import Expectation
-from .expectations_store import ExpectationsStore
+from .expectations.expectation import Expectation
+from .expectations.store import ExpectationsStore
 from .judge.runner import JudgeRunner
 from .ledger import pack_span_ids
 from .model import Partition, Span

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .expectation import Expectation
+from .expectations.expectation import Expectation
 from .model import Partition, Span
 from .partitioning import build_partition
 from .pipeline import build_scoring_input, run_async_scorers

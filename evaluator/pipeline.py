@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from types import FunctionType, MethodType
 from typing import Any
 
-from .expectation import Expectation, ExpectedStep, ScoringMethod
-from .expected_steps import expected_steps_shape
+from .expectations.expectation import Expectation, ExpectedStep, ScoringMethod
+from .expectations.expected_steps import expected_steps_shape
 from .model import Partition
 from .partitioning import EXPECTED_STEPS_ATTRIBUTE, SESSION_ID_ATTRIBUTES, root_spans
 from .results import ScoreResult

@@ -16,10 +16,10 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_serializer, field_validator
 
-from .. import __version__
-from ..evaluator.content import strip_content
-from ..evaluator.model import Partition
-from ..evaluator.results import ScoreResult
+from stepwatch import __version__
+from stepwatch.evaluator.content import strip_content
+from stepwatch.evaluator.model import Partition
+from stepwatch.evaluator.results import ScoreResult
 
 SCHEMA_VERSION = 1
 """Bumped only on a breaking change (a field removed, renamed or retyped); additions keep it."""

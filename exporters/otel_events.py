@@ -20,7 +20,8 @@ from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, LogRecordExp
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-from .. import __version__
+from stepwatch import __version__
+
 from .config import OtelEventsExporterConfig
 from .events import ScoreEvent
 from .otel_metrics import score_label

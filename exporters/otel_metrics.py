@@ -19,7 +19,8 @@ from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMe
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 
-from .. import __version__
+from stepwatch import __version__
+
 from .base import Capabilities
 from .buckets import SCORE_BUCKETS
 from .config import OtelMetricsExporterConfig

@@ -10,7 +10,8 @@ from opentelemetry.sdk._logs.export import LogRecordExporter
 from opentelemetry.sdk.metrics.export import MetricExporter
 from opentelemetry.sdk.resources import Resource
 
-from .. import __version__
+from stepwatch import __version__
+
 from .config import OtlpConfig
 
 SERVICE_NAME = "stepwatch"

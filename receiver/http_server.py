@@ -31,7 +31,7 @@ from stepwatch.evaluator.accounting import SpanAccounting
 from stepwatch.listen_errors import bind_error
 
 from .answer import answer_request
-from .decoded import INVALID_SPAN, INVALID_TIMESTAMP
+from .codec.decoded import INVALID_SPAN, INVALID_TIMESTAMP
 from .ingest import OtlpRequest, SpanSink
 from .rejections import Rejection, rejection_of
 

@@ -23,10 +23,10 @@ from stepwatch.evaluator.accounting import SpanAccounting
 from stepwatch.evaluator.buffer import ROOT_ENDED, Admission, SpanRecord
 from stepwatch.security.config import DEFAULT_TENANT_NAME
 
-from . import spancore
-from .framing import span_extents
-from .otlp_proto import span_rejection
-from .records import records_request_bytes
+from .codec import spancore
+from .codec.framing import span_extents
+from .codec.otlp_proto import span_rejection
+from .codec.records import records_request_bytes
 from .wal import WriteAheadLog
 from .wal_format import WalEntry
 
@@ -61,7 +61,7 @@ class OtlpRequest:
     """One ExportTraceServiceRequest as a receiver got it: its bytes (when it came as protobuf), the
     native span core's index of them, and the upb message, parsed only when something needs it
     (trimming, redaction, the pure-Python path): where the native core has checked the bytes, the
-    hot path never builds the message (receiver/spancore.py)."""
+    hot path never builds the message (receiver/codec/spancore.py)."""
 
     __slots__ = ("_message", "encoded", "indexed")
 
@@ -141,9 +141,9 @@ def split_request(
     """(valid span records, rejections by reason, first detail per reason, total spans).
 
     `encoded`: the bytes `request` was parsed from, unmodified (an OtlpRequest carries its own);
-    each span's payload is then sliced from them (receiver/framing.py) instead of re-serialized, and
+    each span's payload is then sliced from them (receiver/codec/framing.py) instead of re-serialized, and
     the native span core, when loaded, reads everything from them in one call
-    (receiver/spancore.py; this loop is its reference).
+    (receiver/codec/spancore.py; this loop is its reference).
     """
     rejected: Counter[str] = Counter()
     details: dict[str, str] = {}

@@ -27,7 +27,7 @@ from pydantic import Field
 
 from stepwatch.kafka_client import KafkaClientConfig
 
-from .encodings import Encoding
+from .codec.encodings import Encoding
 from .offsets import OffsetTracker
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from stepwatch.evaluator.accounting import SpanAccounting
 from stepwatch.evaluator.buffer import PartitionBuffer
 
-from .encodings import Encoding
+from .codec.encodings import Encoding
 from .http_server import BadRequest, request_from_json
 from .ingest import Ingestor, OtlpRequest
 from .kafka_ingest import IngestedMessage, TopicPartition

@@ -48,7 +48,7 @@ from stepwatch.segment_log import (
     payload_size,
 )
 
-from .spancore import crc32
+from .codec.spancore import crc32
 from .wal_format import UnreadableEntry, check_entry
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from shared_paths import LOADGEN_DIR as LOADGEN
 
-from stepwatch.receiver import spancore
+from stepwatch.receiver.codec import spancore
 
 
 @contextlib.contextmanager

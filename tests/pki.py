@@ -211,7 +211,7 @@ async def otlp_http_server():
     """
     from aiohttp import web
 
-    from stepwatch.receiver.otlp_proto import decode_request_bytes
+    from stepwatch.receiver.codec.otlp_proto import decode_request_bytes
     from stepwatch.security.auth import TENANT_KEY
     from stepwatch.security.tenants import DEFAULT_TENANT
 

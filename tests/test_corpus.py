@@ -8,12 +8,12 @@ import json
 import pytest
 from shared_paths import CORPUS
 
-from stepwatch.evaluator.expectation import Expectation
+from stepwatch.evaluator.expectations.expectation import Expectation
 from stepwatch.evaluator.partitioning import partition_sessions, partition_traces
 from stepwatch.evaluator.pipeline import score_partition
 from stepwatch.evaluator.scorers.registry import default_scorers
 from stepwatch.evaluator.steps import extract_steps
-from stepwatch.receiver.loader import load_file
+from stepwatch.loaders.files import load_file
 
 SCENARIOS = sorted(p.stem for p in CORPUS.glob("*.pb"))
 

@@ -58,7 +58,7 @@ def _check_expectations(path: object, *, quiet: bool = False) -> None:
     from pathlib import Path
 
     from stepwatch.cli import UsageError
-    from stepwatch.evaluator.expectations_store import ExpectationsError, load_expectations
+    from stepwatch.evaluator.expectations.store import ExpectationsError, load_expectations
     from stepwatch.evaluator.scorers.registry import ScorerRegistry
 
     try:

@@ -22,14 +22,14 @@ def _partition() -> dict[str, Any]:
 
 
 def _expectation() -> dict[str, Any]:
-    from stepwatch.evaluator.expectation import Expectation
+    from stepwatch.evaluator.expectations.expectation import Expectation
 
     return Expectation.model_json_schema(by_alias=True)
 
 
 def _expectations_file() -> dict[str, Any]:
     """The whole file `expectations.file` names: `tasks:` mapping task keys to expectations."""
-    from stepwatch.evaluator.expectation import Expectation
+    from stepwatch.evaluator.expectations.expectation import Expectation
 
     expectation = Expectation.model_json_schema(by_alias=True, ref_template="#/$defs/{model}")
     defs = expectation.pop("$defs", {})

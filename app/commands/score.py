@@ -343,7 +343,7 @@ def _parse_steps_arg(text: str) -> Any:
 def _validate_rules(raw: Any) -> str | None:
     from pydantic import TypeAdapter, ValidationError
 
-    from stepwatch.evaluator.expectation import RuleSpec
+    from stepwatch.evaluator.expectations.expectation import RuleSpec
 
     if not isinstance(raw, list):
         return "rules must be a list"
@@ -396,7 +396,7 @@ def _expectation(steps: Any, method: str | None, rules: Any, partition: str) -> 
     """An Expectation, or a one-line string saying why the inputs do not make one."""
     from pydantic import ValidationError
 
-    from stepwatch.evaluator.expectation import Expectation
+    from stepwatch.evaluator.expectations.expectation import Expectation
 
     try:
         return Expectation(
@@ -427,7 +427,7 @@ def _load_or_usage_error(path: str) -> Any:
 
 def _load_or_error(path: Path, label: str | None = None) -> Any:
     """The file's spans, or the one-line load error. Rejected spans are reported on stderr."""
-    from stepwatch.receiver.loader import LoadError, load_file
+    from stepwatch.loaders.files import LoadError, load_file
 
     try:
         loaded = load_file(path)
@@ -449,7 +449,7 @@ def _limited(spans: Any, label: str) -> Any:
     """The spans with serve's close-time limits applied (serve's defaults), so a file scores as
     the same spans would through `serve`: over-long values truncated, extra attributes dropped,
     JSON nested too deeply left unwrapped. What was limited is said on stderr."""
-    from stepwatch.receiver.records import limit_spans
+    from stepwatch.receiver.codec.records import limit_spans
     from stepwatch.security.config import LimitsConfig
     from stepwatch.security.limits import LimitCounters
 
@@ -537,7 +537,7 @@ def _with_judge_fields(expectation: Any, row: dict[str, Any]) -> Any:
     """A row's expected_plan / expected_trajectory join its expectation (also for trace-file rows)."""
     from pydantic import ValidationError
 
-    from stepwatch.evaluator.expectation import Expectation
+    from stepwatch.evaluator.expectations.expectation import Expectation
 
     fields = {key: row[key] for key in ("expected_plan", "expected_trajectory") if key in row}
     if not fields:
@@ -551,7 +551,7 @@ def _with_judge_fields(expectation: Any, row: dict[str, Any]) -> Any:
 
 def _selected_scorers(registry: Any, expectation: Any, args: argparse.Namespace) -> tuple[Any, list[Any]]:
     """(expectation, scorers): --scorer names run as if the expectation listed them."""
-    from stepwatch.evaluator.expectation import Expectation
+    from stepwatch.evaluator.expectations.expectation import Expectation
 
     if not args.scorer:
         return expectation, registry.scorers_for(expectation)
@@ -625,7 +625,7 @@ def _guarded(inp: Any, scorers: list[Any]) -> tuple[list[Any], list[Any]]:
 
 def _score_inline(job: InlineJob, args: argparse.Namespace) -> Record:
     from stepwatch.evaluator.inline_rows import inline_scoring_input
-    from stepwatch.receiver.openinference_json import decode_openinference
+    from stepwatch.loaders.openinference_json import decode_openinference
 
     registry, runner = _judge_runtime(args)
     record = Record(id=job.id, partition_type="trace")

@@ -212,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
 
     from stepwatch.cli import UsageError
     from stepwatch.config import ConfigError, load_config
-    from stepwatch.evaluator.expectations_store import ExpectationsError
+    from stepwatch.evaluator.expectations.store import ExpectationsError
     from stepwatch.logs import configure as configure_logging
     from stepwatch.security import AuthConfigError, TLSConfigError
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from stepwatch.evaluator.expectation import Expectation, ExpectedStep
-from stepwatch.evaluator.expectations_store import ExpectationsError, ExpectationsStore, parse_expectations
+from stepwatch.evaluator.expectations.expectation import Expectation, ExpectedStep
+from stepwatch.evaluator.expectations.store import ExpectationsError, ExpectationsStore, parse_expectations
 from stepwatch.evaluator.model import Span
 from stepwatch.evaluator.scorers.base import ScoringInput
 

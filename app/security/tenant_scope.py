@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from stepwatch.evaluator.expectations_store import ExpectationsStore
+from stepwatch.evaluator.expectations.store import ExpectationsStore
 
 from .auth import AuthConfigError
 from .config import DEFAULT_TENANT_NAME, SecurityConfig

@@ -45,7 +45,7 @@ from typing import Literal, NamedTuple, cast
 
 import numpy as np
 
-from ..expectation import ExpectedStep
+from ..expectations.expectation import ExpectedStep
 from ..model import Step, normalise_tool_name
 
 Op = Literal["match", "substitute", "insert", "delete"]

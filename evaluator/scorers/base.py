@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from ..expectation import Expectation, ExpectedStep, ScoringMethod
+from ..expectations.expectation import Expectation, ExpectedStep, ScoringMethod
 from ..model import Partition, Step
 from ..results import ScoreResult
 from ..trajectory import Trajectory

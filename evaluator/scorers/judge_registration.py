@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..expectation import Expectation
+from ..expectations.expectation import Expectation
 from ..judge.runner import JudgeRunner
 from .plan_adherence import METRIC as PLAN_ADHERENCE
 from .plan_adherence import PlanAdherenceScorer

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from ..expectation import Expectation
+from ..expectations.expectation import Expectation
 from .base import Scorer
 from .step_accuracy import METRIC as STEP_ACCURACY
 from .step_accuracy import StepAccuracyScorer

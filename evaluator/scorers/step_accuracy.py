@@ -9,7 +9,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from ..expected_steps import ExpectedStep, ExpectedStepsError, ScoringMethod, validate_expected_steps
+from ..expectations.expected_steps import (
+    ExpectedStep,
+    ExpectedStepsError,
+    ScoringMethod,
+    validate_expected_steps,
+)
 from ..model import Step
 from ..results import ScoreResult, new_result
 from .alignment import AlignedStep, AlignmentTooLarge, BareRows, align, names_match

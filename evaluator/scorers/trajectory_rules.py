@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..expectation import Expectation
+from ..expectations.expectation import Expectation
+from ..expectations.rules import FieldMatcher, MaxSteps, MustCall, MustNotCall, Rule
 from ..model import normalise_tool_name
 from ..results import ScoreResult, new_result
-from ..rules import FieldMatcher, MaxSteps, MustCall, MustNotCall, Rule
 from ..trajectory import TrajectoryStep
 from .base import ScoringInput
 

@@ -322,7 +322,7 @@ def test_the_configmap_is_generated_from_the_container_config() -> None:
 
 def test_container_config_and_expectations_validate_with_stepwatch(tmp_path: Path) -> None:
     from stepwatch.config import load_config
-    from stepwatch.evaluator.expectations_store import parse_expectations
+    from stepwatch.evaluator.expectations.store import parse_expectations
 
     objects = _k8s_objects()
     configmap = objects[("ConfigMap", "stepwatch-config")]["data"]

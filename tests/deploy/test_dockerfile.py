@@ -156,7 +156,7 @@ def test_builder_stage_wheel_holds_every_module_and_the_cli(
         names = set(archive.namelist())
         entry_points = next(archive.read(n).decode() for n in names if n.endswith("entry_points.txt"))
     assert "stepwatch = stepwatch.cli:main" in entry_points
-    native = [n for n in names if n.startswith("stepwatch/receiver/_spancore") and n.endswith(".so")]
+    native = [n for n in names if n.startswith("stepwatch/receiver/codec/_spancore") and n.endswith(".so")]
     assert native, "the wheel lacks the native span core (native/, built by setuptools-rust)"
     for folder, installed_as in PACKAGE_DIRS.items():
         for module in (REPO / folder).rglob("*.py"):
@@ -174,7 +174,7 @@ def _smoke_test_installed(wheel: Path, site: Path) -> None:
     assert installed.returncode == 0, installed.stdout + installed.stderr
     trace = CORPUS / "pai_trip_parallel_tools.pb"
     script = (
-        "import sys, stepwatch, stepwatch.receiver.spancore as core, stepwatch.service\n"
+        "import sys, stepwatch, stepwatch.receiver.codec.spancore as core, stepwatch.service\n"
         "from stepwatch.cli import main\n"
         "print(stepwatch.__file__, core.AVAILABLE, flush=True)\n"
         "sys.exit(main(['score', sys.argv[1], '--expected-steps', '[\"get_weather\"]', '--format', 'json']))\n"

@@ -14,13 +14,13 @@ from stepwatch.evaluator.backlog import ScoringBacklog
 from stepwatch.evaluator.buffer import BufferLimits, PartitionBuffer
 from stepwatch.evaluator.clock import ManualClock
 from stepwatch.evaluator.engine import EngineSettings, EvaluationEngine
-from stepwatch.evaluator.expectations_store import ExpectationsStore, parse_expectations
+from stepwatch.evaluator.expectations.store import ExpectationsStore, parse_expectations
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.evaluator.scorers.base import ScoringInput
 from stepwatch.evaluator.scorers.registry import ScorerEntry, ScorerRegistry
 from stepwatch.evaluator.scores import PartitionScores
+from stepwatch.receiver.codec.records import decode_records
 from stepwatch.receiver.ingest import Ingestor
-from stepwatch.receiver.records import decode_records
 
 
 class _OneTenant:

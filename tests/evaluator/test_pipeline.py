@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from stepwatch.evaluator.expectation import Expectation
+from stepwatch.evaluator.expectations.expectation import Expectation
 from stepwatch.evaluator.model import Span
 from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES, build_partition
 from stepwatch.evaluator.pipeline import (

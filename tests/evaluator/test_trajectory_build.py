@@ -12,7 +12,7 @@ from stepwatch.evaluator.model import Partition, Span
 from stepwatch.evaluator.partitioning import build_partition, root_spans, sort_spans
 from stepwatch.evaluator.trajectory import TokenUsage, Trajectory, TrajectoryStep
 from stepwatch.evaluator.trajectory_build import build_trajectory, build_trajectory_from_spans, final_answer
-from stepwatch.receiver.loader import load_bytes
+from stepwatch.loaders.files import load_bytes
 
 TRACE = "ab" * 16
 

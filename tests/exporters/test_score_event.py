@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from scorestream_helpers import build_score_event, make_event, make_partition
 
 from stepwatch import __version__
-from stepwatch.evaluator.expectation import Expectation
+from stepwatch.evaluator.expectations.expectation import Expectation
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.exporters.config import KafkaExporterConfig, SpoolConfig
 from stepwatch.exporters.events import (

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from stepwatch.evaluator.expectation import Expectation
+from stepwatch.evaluator.expectations.expectation import Expectation
 from stepwatch.evaluator.model import Partition, Step
 from stepwatch.evaluator.partitioning import build_partition
 from stepwatch.evaluator.pipeline import build_scoring_input
 from stepwatch.evaluator.scorers.base import ScoringInput
 from stepwatch.evaluator.trajectory import Trajectory
-from stepwatch.receiver.openinference_json import decode_openinference
+from stepwatch.loaders.openinference_json import decode_openinference
 
 _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:  # llama_fixture.py, importable from the judge tests

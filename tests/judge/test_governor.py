@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from stepwatch.evaluator.expectation import Expectation
+from stepwatch.evaluator.expectations.expectation import Expectation
 from stepwatch.evaluator.judge.base import Answer, BudgetHook, JudgeBatch, JudgeOverBudget
 from stepwatch.evaluator.judge.governor import DailyBudget, JudgeGovernor, sampled
 from stepwatch.evaluator.judge.runner import JudgeRunner

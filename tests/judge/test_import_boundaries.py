@@ -10,7 +10,7 @@ import pytest
 
 @pytest.mark.parametrize(
     "module",
-    ["stepwatch.evaluator.expectation", "stepwatch.evaluator.judge.settings"],
+    ["stepwatch.evaluator.expectations.expectation", "stepwatch.evaluator.judge.settings"],
 )
 def test_expectation_model_does_not_import_the_http_client(module: str) -> None:
     code = f"import {module}, sys; print('aiohttp' in sys.modules)"

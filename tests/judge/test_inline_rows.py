@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from stepwatch.evaluator.expectation import Expectation
+from stepwatch.evaluator.expectations.expectation import Expectation
 from stepwatch.evaluator.inline_rows import has_inline_fields, score_inline_row
 from stepwatch.evaluator.judge.runner import JudgeRunner
 from stepwatch.evaluator.scorers.judge_registration import judge_scorer_entries
 from stepwatch.evaluator.scorers.registry import ScorerRegistry
-from stepwatch.receiver.openinference_json import decode_openinference
+from stepwatch.loaders.openinference_json import decode_openinference
 
 
 def decode(document: list) -> list:

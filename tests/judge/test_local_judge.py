@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from stepwatch.evaluator.expectation import Expectation
+from stepwatch.evaluator.expectations.expectation import Expectation
 from stepwatch.evaluator.judge.base import JudgeBatch, Question
 from stepwatch.evaluator.judge.local import LocalJudge
 from stepwatch.evaluator.scorers.trajectory_steps import TrajectoryStepsScorer, combine

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from stepwatch.evaluator.expectation import Expectation
+from stepwatch.evaluator.expectations.expectation import Expectation
 from stepwatch.evaluator.model import Step
 from stepwatch.evaluator.plan import plan_from_expected, steps_from_text
 from stepwatch.evaluator.scorers.plan_adherence import PlanAdherenceScorer

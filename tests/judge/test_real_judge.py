@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from llama_fixture import CI_MODEL, LlamaServer
 
-from stepwatch.evaluator.expectation import Expectation
+from stepwatch.evaluator.expectations.expectation import Expectation
 from stepwatch.evaluator.judge.governor import JudgeGovernor
 from stepwatch.evaluator.judge.openai import OpenAIJudge
 from stepwatch.evaluator.judge.prompt import prompt_file

@@ -12,7 +12,7 @@ import pytest
 from fake_openai import answering
 
 from stepwatch.cli import main
-from stepwatch.evaluator.expectation import Expectation
+from stepwatch.evaluator.expectations.expectation import Expectation
 from stepwatch.evaluator.judge.openai import OpenAIJudge
 from stepwatch.evaluator.judge.runner import JudgeRunner
 from stepwatch.evaluator.judge.settings import OpenAIJudgeConfig
@@ -22,7 +22,7 @@ from stepwatch.evaluator.pipeline import build_scoring_input
 from stepwatch.evaluator.scorers.plan_adherence import PlanAdherenceScorer
 from stepwatch.evaluator.steps import extract_steps
 from stepwatch.evaluator.trajectory_build import build_trajectory_from_spans
-from stepwatch.receiver.loader import LoadError, load_file
+from stepwatch.loaders.files import LoadError, load_file
 
 TRACE = "ab" * 16
 

@@ -29,12 +29,12 @@ with atheris.instrument_imports(include=["stepwatch"]):
     from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES
     from stepwatch.evaluator.pipeline import scoring_attributes
     from stepwatch.evaluator.scorers.alignment import bare_rows
-    from stepwatch.receiver import spancore
-    from stepwatch.receiver.framing import read_varint
+    from stepwatch.receiver.codec import spancore
+    from stepwatch.receiver.codec.framing import read_varint
+    from stepwatch.receiver.codec.origin import OriginCache
+    from stepwatch.receiver.codec.otlp_proto import new_span
+    from stepwatch.receiver.codec.otlp_selective import _whole, any_value_bytes, decode_selected_python
     from stepwatch.receiver.ingest import OtlpRequest, split_request
-    from stepwatch.receiver.origin import OriginCache
-    from stepwatch.receiver.otlp_proto import new_span
-    from stepwatch.receiver.otlp_selective import _whole, any_value_bytes, decode_selected_python
 
 core: Any = spancore._core
 assert core is not None, spancore.STATUS

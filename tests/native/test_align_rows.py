@@ -12,7 +12,7 @@ from stepwatch.config import load_config
 from stepwatch.evaluator.model import Step
 from stepwatch.evaluator.scorers.alignment import align, bare_rows
 from stepwatch.evaluator.scorers.step_accuracy import METRIC, StepAccuracyScorer
-from stepwatch.receiver import spancore
+from stepwatch.receiver.codec import spancore
 from stepwatch.service import Service
 
 pytestmark = pytest.mark.skipif(not spancore.AVAILABLE, reason=f"native span core: {spancore.STATUS}")

@@ -10,14 +10,14 @@ import textwrap
 
 from shared_paths import CORPUS
 
-from stepwatch.receiver import spancore
+from stepwatch.receiver.codec import spancore
 
 BLOCK_IMPORT = textwrap.dedent(
     """
     import sys
     class Block:
         def find_spec(self, name, path=None, target=None):
-            if name == "stepwatch.receiver._spancore":
+            if name == "stepwatch.receiver.codec._spancore":
                 raise ImportError("simulated: no extension for this platform")
     sys.meta_path.insert(0, Block())
     """
@@ -29,9 +29,9 @@ DECODE = textwrap.dedent(
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
     from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES
     from stepwatch.evaluator.pipeline import scoring_attributes
-    from stepwatch.receiver import spancore
+    from stepwatch.receiver.codec import spancore
     from stepwatch.receiver.ingest import split_request
-    from stepwatch.receiver.otlp_selective import decode_selected
+    from stepwatch.receiver.codec.otlp_selective import decode_selected
     data = open({str(CORPUS / "pai_trip_parallel_tools.pb")!r}, "rb").read()
     records = split_request(ExportTraceServiceRequest.FromString(data), data)[0]
     spans = decode_selected(records, scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES), set(), 128)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from stepwatch.receiver import spancore
+from stepwatch.receiver.codec import spancore
 
 pytest.importorskip("atheris")
 pytestmark = pytest.mark.skipif(not spancore.AVAILABLE, reason=f"native span core: {spancore.STATUS}")

@@ -16,15 +16,15 @@ from shared_paths import CORPUS, LOADGEN_DIR
 
 from stepwatch.config import load_config
 from stepwatch.evaluator.clock import ManualClock
-from stepwatch.evaluator.expectation import Expectation
+from stepwatch.evaluator.expectations.expectation import Expectation
 from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES, partition_traces
 from stepwatch.evaluator.pipeline import score_partition, scoring_attributes
 from stepwatch.evaluator.scorers.registry import default_scorers
 from stepwatch.evaluator.steps import extract_steps
-from stepwatch.receiver import spancore
+from stepwatch.receiver.codec import spancore
+from stepwatch.receiver.codec.otlp_selective import decode_selected
+from stepwatch.receiver.codec.records import decode_limited
 from stepwatch.receiver.ingest import OtlpRequest, split_request
-from stepwatch.receiver.otlp_selective import decode_selected
-from stepwatch.receiver.records import decode_limited
 from stepwatch.security.config import LimitsConfig
 from stepwatch.security.limits import LimitCounters
 from stepwatch.service import Service

@@ -17,7 +17,7 @@ from shared_paths import CORPUS, LOADGEN_DIR
 from stepwatch.evaluator.accounting import SpanAccounting
 from stepwatch.evaluator.buffer import BufferLimits, PartitionBuffer
 from stepwatch.evaluator.clock import ManualClock
-from stepwatch.receiver import spancore
+from stepwatch.receiver.codec import spancore
 from stepwatch.receiver.ingest import Ingestor, OtlpRequest, split_request
 
 pytestmark = pytest.mark.skipif(not spancore.AVAILABLE, reason=f"native span core: {spancore.STATUS}")

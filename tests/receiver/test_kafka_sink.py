@@ -10,7 +10,7 @@ from otlp_requests import trace_request
 from stepwatch.evaluator.accounting import SpanAccounting
 from stepwatch.evaluator.buffer import BufferLimits, PartitionBuffer
 from stepwatch.evaluator.clock import ManualClock
-from stepwatch.receiver.encodings import Encoding
+from stepwatch.receiver.codec.encodings import Encoding
 from stepwatch.receiver.ingest import Ingestor
 from stepwatch.receiver.kafka_ingest import IngestedMessage, TopicPartition
 from stepwatch.receiver.kafka_sink import Backpressure, KafkaSpanSink

@@ -397,7 +397,7 @@ async def test_a_record_given_as_parts_is_the_record_of_their_concatenation(tmp_
 def test_frame_checksums_are_zlibs_crc32_with_or_without_the_native_core() -> None:
     """The WAL's CRC runs natively when the span core loaded: the same CRC-32 as zlib's, so logs
     written by either build replay under the other."""
-    from stepwatch.receiver import spancore
+    from stepwatch.receiver.codec import spancore
     from stepwatch.segment_log import frame_header
 
     body = bytes(range(256)) * 41

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from stepwatch.config import ConfigError, load_config
-from stepwatch.evaluator.expectation import Expectation
+from stepwatch.evaluator.expectations.expectation import Expectation
 from stepwatch.evaluator.model import Span, Step
 from stepwatch.evaluator.scorers.step_accuracy import step_accuracy
 from stepwatch.security.config import LimitsConfig

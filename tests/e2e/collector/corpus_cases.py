@@ -12,7 +12,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from shared_paths import CORPUS
 
 from stepwatch.evaluator.partitioning import partition_sessions, partition_traces
-from stepwatch.receiver.otlp_proto import decode_request_bytes
+from stepwatch.receiver.codec.otlp_proto import decode_request_bytes
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 from waiting import eventually
 
 from stepwatch.config import load_config
-from stepwatch.evaluator.expectations_store import ExpectationsError
+from stepwatch.evaluator.expectations.store import ExpectationsError
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.evaluator.scorers.registry import ScorerEntry, ScorerRegistry
 from stepwatch.exporters.base import InMemoryScoreExporter

@@ -9,12 +9,12 @@ import pytest
 import yaml
 from shared_paths import CORPUS
 
-from stepwatch.evaluator.expectation import Expectation
+from stepwatch.evaluator.expectations.expectation import Expectation
 from stepwatch.evaluator.partitioning import partition_sessions, partition_traces
 from stepwatch.evaluator.pipeline import score_partition
 from stepwatch.evaluator.scorers.registry import ScorerRegistry
 from stepwatch.exporters.base import InMemoryScoreExporter
-from stepwatch.receiver.otlp_proto import decode_request_bytes
+from stepwatch.receiver.codec.otlp_proto import decode_request_bytes
 
 pytestmark = pytest.mark.slow
 

@@ -480,7 +480,7 @@ EXTRA = {  # registered plans and outcome-phrased trajectories for a few scenari
 def corpus_tasks() -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Expectations for every corpus scenario (each with both judge scorers) and task key -> scenario."""
     from stepwatch.evaluator.partitioning import partition_sessions, partition_traces
-    from stepwatch.receiver.otlp_proto import decode_request_bytes
+    from stepwatch.receiver.codec.otlp_proto import decode_request_bytes
 
     tasks: dict[str, dict[str, Any]] = {}
     owner: dict[str, str] = {}

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from rapidfuzz.distance import Levenshtein
 from shared_paths import CORPUS
 
-from stepwatch.evaluator.expectation import Expectation
+from stepwatch.evaluator.expectations.expectation import Expectation
 from stepwatch.evaluator.model import Partition, Step, normalise_tool_name
 from stepwatch.evaluator.scorers.base import ScoringInput, SyncScorer
 from stepwatch.evaluator.scorers.step_accuracy import (

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter
 
-from stepwatch.evaluator.expectation import Expectation, RuleSpec
+from stepwatch.evaluator.expectations.expectation import Expectation, RuleSpec
 from stepwatch.evaluator.model import Partition
 from stepwatch.evaluator.scorers.base import ScoringInput, SyncScorer
 from stepwatch.evaluator.scorers.trajectory_rules import (

@@ -15,13 +15,13 @@ from collections.abc import Callable
 import atheris
 
 with atheris.instrument_imports(include=["stepwatch"]):
-    from stepwatch.evaluator.expectations_store import ExpectationsError, parse_expectations
-    from stepwatch.receiver.decoded import DecodeError
-    from stepwatch.receiver.loader import LoadError, load_bytes
-    from stepwatch.receiver.native_json import decode_native
-    from stepwatch.receiver.openinference_json import decode_openinference
-    from stepwatch.receiver.otlp_json import decode_json_bytes
-    from stepwatch.receiver.otlp_proto import decode_request_bytes
+    from stepwatch.evaluator.expectations.store import ExpectationsError, parse_expectations
+    from stepwatch.loaders.files import LoadError, load_bytes
+    from stepwatch.loaders.native_json import decode_native
+    from stepwatch.loaders.openinference_json import decode_openinference
+    from stepwatch.receiver.codec.decoded import DecodeError
+    from stepwatch.receiver.codec.otlp_json import decode_json_bytes
+    from stepwatch.receiver.codec.otlp_proto import decode_request_bytes
 
 
 def _json_document(data: bytes) -> object:

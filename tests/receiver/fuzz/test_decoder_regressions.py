@@ -11,11 +11,11 @@ import contextlib
 
 import pytest
 
-from stepwatch.evaluator.expectations_store import ExpectationsError, parse_expectations
-from stepwatch.receiver.decoded import DecodeError
+from stepwatch.evaluator.expectations.store import ExpectationsError, parse_expectations
+from stepwatch.loaders.files import LoadError, load_bytes
+from stepwatch.receiver.codec.decoded import DecodeError
+from stepwatch.receiver.codec.otlp_json import decode_json_bytes
 from stepwatch.receiver.http_server import BadRequest, request_from_json
-from stepwatch.receiver.loader import LoadError, load_bytes
-from stepwatch.receiver.otlp_json import decode_json_bytes
 
 DEEP_ARRAY = b"[" * 100_000 + b"]" * 100_000
 DEEP_ANY_VALUE = (

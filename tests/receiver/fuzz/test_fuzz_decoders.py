@@ -22,13 +22,13 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
-from stepwatch.evaluator.expectations_store import ExpectationsError, parse_expectations
-from stepwatch.receiver.decoded import DecodeError, DecodeResult
-from stepwatch.receiver.loader import LoadError, load_bytes
-from stepwatch.receiver.native_json import decode_native
-from stepwatch.receiver.openinference_json import decode_openinference
-from stepwatch.receiver.otlp_json import decode_json, decode_json_bytes
-from stepwatch.receiver.otlp_proto import decode_request_bytes
+from stepwatch.evaluator.expectations.store import ExpectationsError, parse_expectations
+from stepwatch.loaders.files import LoadError, load_bytes
+from stepwatch.loaders.native_json import decode_native
+from stepwatch.loaders.openinference_json import decode_openinference
+from stepwatch.receiver.codec.decoded import DecodeError, DecodeResult
+from stepwatch.receiver.codec.otlp_json import decode_json, decode_json_bytes
+from stepwatch.receiver.codec.otlp_proto import decode_request_bytes
 
 FUZZ = settings(
     deadline=None,

@@ -5,7 +5,7 @@ records of one origin share a ResourceSpans, as they arrived) and decoded by the
 offline CLI uses, so streaming and offline scores agree. With an `AttributeSelection` (the service
 passes `scoring_attributes(...)` when every scorer of the partition declares
 `reads_span_attributes = False`) only the attributes scoring reads are converted, by
-receiver/otlp_selective.py (tests/receiver/test_otlp_selective.py holds it to the full decoder).
+receiver/codec/otlp_selective.py (tests/receiver/test_otlp_selective.py holds it to the full decoder).
 """
 
 from __future__ import annotations

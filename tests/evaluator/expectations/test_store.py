@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from shared_paths import REPO
 
-from stepwatch.evaluator.expectations_store import ExpectationsError, load_expectations, parse_expectations
+from stepwatch.evaluator.expectations.store import ExpectationsError, load_expectations, parse_expectations
 from stepwatch.evaluator.scorers.registry import ScorerRegistry
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "expectations.yaml"
+EXAMPLE = REPO / "examples" / "expectations.yaml"
 
 
 def test_example_file_parses_with_groups_rules_and_partitions() -> None:

@@ -18,9 +18,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from stepwatch.evaluator.model import Span
-
-from .decoded import INVALID_TIMESTAMP, DecodeError, DecodeResult, Rejection
-from .otlp_proto import SPAN_KINDS, STATUS_CODES, span_rejection
+from stepwatch.receiver.codec.decoded import INVALID_TIMESTAMP, DecodeError, DecodeResult, Rejection
+from stepwatch.receiver.codec.otlp_proto import SPAN_KINDS, STATUS_CODES, span_rejection
 
 _PAYLOAD_LEAVES = ("value", "json_schema", "parameters", "arguments")
 _ISO = re.compile(

@@ -4,7 +4,7 @@ This is the receiver's hot path: attributes are read with direct oneof dispatch 
 validation is a few length checks, and Spans are built like `model_construct` (every field is
 already checked here) but ~5x faster. Resource attribute dicts are shared by the spans of one
 resource: treat them as read-only. The service's close path converts only the attributes scoring
-reads, with receiver/otlp_selective.py.
+reads, with receiver/codec/otlp_selective.py.
 """
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ _ZERO_SPAN_ID = bytes(8)
 
 
 SPAN_FIELDS = tuple(Span.model_fields)
-"""In declaration order; the native span core builds the same dicts (receiver/spancore.py checks)."""
+"""In declaration order; the native span core builds the same dicts (receiver/codec/spancore.py checks)."""
 _ALL_FIELDS_SET = set(SPAN_FIELDS)
 """Shared by every Span built here (one set per span was a sixth of what the GC tracks per
 partition); pydantic copies it before any update (model_copy), and nothing else mutates it."""
 
 
 SPAN_MODEL = (Span, _ALL_FIELDS_SET)
-"""What the native span core needs to build Spans as `new_span` does (receiver/spancore.py)."""
+"""What the native span core needs to build Spans as `new_span` does (receiver/codec/spancore.py)."""
 
 
 def new_span(fields: dict[str, Any]) -> Span:

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from stepwatch.evaluator.expectation import Expectation
-from stepwatch.evaluator.expectations_store import ExpectationsError, parse_expectations
+from stepwatch.evaluator.expectations.expectation import Expectation
+from stepwatch.evaluator.expectations.rules import MaxSteps, MustCall, MustNotCall
+from stepwatch.evaluator.expectations.store import ExpectationsError, parse_expectations
 from stepwatch.evaluator.model import Span
 from stepwatch.evaluator.partitioning import build_partition
 from stepwatch.evaluator.pipeline import build_scoring_input, run_sync_scorers
-from stepwatch.evaluator.rules import MaxSteps, MustCall, MustNotCall
 from stepwatch.evaluator.scorers.registry import default_scorers
 from stepwatch.evaluator.scorers.step_accuracy import StepAccuracyError, step_accuracy
 

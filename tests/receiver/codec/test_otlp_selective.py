@@ -1,6 +1,6 @@
 """The selective close-time decoder gives the full decoder's spans, restricted to the selection.
 
-receiver/otlp_selective.py reads span attributes through a map<string, bytes> view of the wire
+receiver/codec/otlp_selective.py reads span attributes through a map<string, bytes> view of the wire
 format and converts encoded AnyValues itself; every value shape, repeated keys, the spans decoded
 whole for the limits, and real SDK output must come out exactly as `decode_request` gives them.
 """
@@ -19,7 +19,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from receiver_rig import CORPUS
 
-from stepwatch.evaluator.expectation import Expectation
+from stepwatch.evaluator.expectations.expectation import Expectation
 from stepwatch.evaluator.model import Span
 from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES, partition_traces
 from stepwatch.evaluator.pipeline import (
@@ -30,11 +30,11 @@ from stepwatch.evaluator.pipeline import (
     scoring_attributes,
 )
 from stepwatch.evaluator.scorers.registry import ScorerRegistry
-from stepwatch.receiver.attributes import proto_value
+from stepwatch.receiver.codec.attributes import proto_value
+from stepwatch.receiver.codec.otlp_proto import decode_request
+from stepwatch.receiver.codec.otlp_selective import any_value_bytes, decode_selected
+from stepwatch.receiver.codec.records import decode_records
 from stepwatch.receiver.ingest import split_request
-from stepwatch.receiver.otlp_proto import decode_request
-from stepwatch.receiver.otlp_selective import any_value_bytes, decode_selected
-from stepwatch.receiver.records import decode_records
 
 SELECTION = scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES)
 

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Literal
 
 from stepwatch.evaluator.model import Span
+from stepwatch.receiver.codec.decoded import DecodeError, Rejection
+from stepwatch.receiver.codec.otlp_json import decode_json
+from stepwatch.receiver.codec.otlp_proto import decode_request_bytes
 
-from .decoded import DecodeError, Rejection
 from .native_json import decode_native
 from .openinference_json import decode_openinference
-from .otlp_json import decode_json
-from .otlp_proto import decode_request_bytes
 
 Format = Literal["otlp_proto", "otlp_json", "native", "openinference"]
 

@@ -1,4 +1,4 @@
-"""The native span core (`stepwatch.receiver._spancore`, built from native/) or the reason it is not
+"""The native span core (`stepwatch.receiver.codec._spancore`, built from native/) or the reason it is not
 loaded.
 
 Per-span work from Python costs 0.2-0.35 us per protobuf container operation, so the ingest index

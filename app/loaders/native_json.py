@@ -23,8 +23,7 @@ import json
 from typing import Any
 
 from stepwatch.evaluator.model import Span
-
-from .decoded import DecodeError
+from stepwatch.receiver.codec.decoded import DecodeError
 
 ROOT_SPAN_NAME = "trajectory"
 

@@ -19,9 +19,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from ..suggest import did_you_mean
 from .expectation import Expectation
 from .rules import RULE_KEYS
-from .suggest import did_you_mean
 
 
 class ExpectationsError(ValueError):

@@ -9,7 +9,7 @@ the selected values become Python objects (an agent's LLM span carries a dozen a
 scoring reads two or three).
 
 Repeated keys keep the last value, as the full decoder's dict does. Spans that a per-span limit
-may touch are decoded whole by the caller's rules (receiver/records.py).
+may touch are decoded whole by the caller's rules (receiver/codec/records.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Span payloads sliced from the received bytes are the spans upb parsed, in the same order.
 
-Ingest keeps each span as bytes sliced out of the request (receiver/framing.py); a re-parse of a
+Ingest keeps each span as bytes sliced out of the request (receiver/codec/framing.py); a re-parse of a
 slice must give exactly the parsed span, for real SDK output (the corpus) and for requests with
 the unusual but legal shapes a scanner gets wrong (unknown fields of every wire type, several
 resources and scopes, multi-byte lengths). Bytes that do not frame cleanly give None, and ingest
@@ -19,7 +19,7 @@ from receiver_rig import CORPUS
 from stepwatch.evaluator.accounting import SpanAccounting
 from stepwatch.evaluator.buffer import BufferLimits, PartitionBuffer
 from stepwatch.evaluator.clock import ManualClock
-from stepwatch.receiver.framing import span_extents
+from stepwatch.receiver.codec.framing import span_extents
 from stepwatch.receiver.ingest import Ingestor, split_request
 
 

@@ -17,15 +17,15 @@ from shared_paths import CORPUS
 
 from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES
 from stepwatch.evaluator.pipeline import scoring_attributes
-from stepwatch.receiver.ingest import split_request
-from stepwatch.receiver.otlp_proto import decode_request
-from stepwatch.receiver.records import (
+from stepwatch.receiver.codec.otlp_proto import decode_request
+from stepwatch.receiver.codec.records import (
     decode_limited,
     decode_records,
     decode_records_for_limits,
     limit_spans,
     records_request_bytes,
 )
+from stepwatch.receiver.ingest import split_request
 from stepwatch.security.config import LimitsConfig
 from stepwatch.security.limits import LimitCounters
 

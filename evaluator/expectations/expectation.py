@@ -9,8 +9,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..judge.settings import JudgeSettings
 from .expected_steps import ExpectedStep, ScoringMethod, check_scorable, expected_steps_shape
-from .judge.settings import JudgeSettings
 from .rules import RuleSpec
 
 __all__ = ["Expectation", "ExpectedStep", "RuleSpec", "ScoringMethod"]

@@ -16,12 +16,12 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Status
 from shared_paths import CORPUS
 
 from stepwatch.evaluator.model import Span
-from stepwatch.receiver.decoded import DecodeError
-from stepwatch.receiver.loader import LoadError, load_bytes, load_file
-from stepwatch.receiver.native_json import decode_native
-from stepwatch.receiver.openinference_json import decode_openinference, parse_time
-from stepwatch.receiver.otlp_json import decode_json
-from stepwatch.receiver.otlp_proto import decode_request, decode_request_bytes, new_span
+from stepwatch.loaders.files import LoadError, load_bytes, load_file
+from stepwatch.loaders.native_json import decode_native
+from stepwatch.loaders.openinference_json import decode_openinference, parse_time
+from stepwatch.receiver.codec.decoded import DecodeError
+from stepwatch.receiver.codec.otlp_json import decode_json
+from stepwatch.receiver.codec.otlp_proto import decode_request, decode_request_bytes, new_span
 
 TRACE = bytes.fromhex("0af7651916cd43dd8448eb211c80319c")
 SPAN_A = bytes.fromhex("b7ad6b7169203331")
