@@ -165,6 +165,8 @@ async def test_trajectory_steps_end_to_end_and_the_batched_cache(fake):
     assert first.score == again.score == pytest.approx((0.96 + 0.96 + 0.04) / 3 * (0.7 + 0.3 * 1.0), abs=1e-3)
     assert first.metadata["missing_steps"] == ["notify customer"] and first.metadata["judge"] == "openai"
     assert first.metadata["p_order"] == 1.0 and first.metadata["p_order_source"] == "positions"
+    # which agent step the judge named for each performed step (E1 -> S1, E2 -> S2, E3: none)
+    assert [row.get("evidence_index") for row in first.metadata["details"]] == [0, 1, None]
     assert first.metadata["judge_prompt"] == prompt_file().version
     assert judge.stats.cost_usd == pytest.approx(0.6 * 0.01 + 0.03 * 0.03)
 
