@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 
 FORM_LINE = re.compile(r"^(?P<line>(?:E\d+|S\d+)\. .*|order|full): yes or no$")
-EVIDENCE_LINE = re.compile(r"^(?P<line>E(?P<n>\d+)(?:\. .*)?): S\? or none$")
+EVIDENCE_LINE = re.compile(r"^(?P<line>E(?P<n>\d+)(?:\. .*)?): (?:yes )?S\? or (?:none|no)$")
 
 
 def form_lines(body: dict) -> list[str]:

@@ -3,8 +3,9 @@
 Two kinds of line. A yes/no line (`S2. search web: yes`, `full: no`: plan_adherence) has its
 answer in the first yes/no token right after the line's colon; p(yes) is read from that
 position's top_logprobs: Σ P(yes-like) / (Σ P(yes-like) + Σ P(no-like)). An evidence line
-(`E2: S3`, `E3: none`: trajectory_steps) names the agent step that accomplishes an expected step:
-p(performed) is Σ P(S) / (Σ P(S) + Σ P(none)) at the answer position, and the step number's
+(`E2: S3` / `E3: none`, or `E2: yes S3` / `E3: no`: trajectory_steps) names the agent step that
+accomplishes an expected step: p(performed) is Σ P(S or yes) / (Σ P(S or yes) + Σ P(none or no))
+at the answer position, and the step number's
 digit position gives the distribution over which agent step it was (`Answer.where`), from which
 the order answer is computed (`order_from_positions`).
 
@@ -32,7 +33,7 @@ NO_TOKENS = frozenset({"no", "n", "false"})
 STEP_TOKENS = frozenset({"s"})
 NONE_TOKENS = frozenset({"none", "no", "non", "n"})
 _KEY = re.compile(r"^\W*(E\d+|S\d+|order|full)\b", re.IGNORECASE)
-_EVIDENCE_TEXT = re.compile(r":\s*\**\s*(?:S\s*(\d+)|(none|no)\b)", re.IGNORECASE)
+_EVIDENCE_TEXT = re.compile(r":\s*\**\s*(?:(?:yes\W*)?S\s*(\d+)|(none|no)\b)", re.IGNORECASE)
 
 
 def normalise_key(raw: str) -> str:
@@ -98,6 +99,16 @@ def _where(content: Sequence[Any], start: int) -> tuple[tuple[int, float], ...]:
     number as written (the first digit of `12` does not say which two-digit number follows)."""
     digits: list[str] = []
     first: Mapping[str, Any] | None = None
+    if _word(str(content[start].get("token", ""))) not in STEP_TOKENS:  # `yes S2`: find the S
+        for offset, entry in enumerate(content[start + 1 :], start=start + 1):
+            token = str(entry.get("token", "")) if isinstance(entry, Mapping) else ""
+            if "\n" in token:
+                return ()
+            if _word(token) in STEP_TOKENS:
+                start = offset
+                break
+        else:
+            return ()
     for entry in content[start + 1 :]:
         token = str(entry.get("token", "")) if isinstance(entry, Mapping) else ""
         if not token.strip().isdigit() or (digits and token[:1].isspace()):
@@ -136,11 +147,18 @@ def from_logprobs(
         key = _line_key(line) if line.endswith(":") else None
         if key is not None:
             is_evidence = evidence and key.startswith("E")
-            words = (STEP_TOKENS, NONE_TOKENS) if is_evidence else (YES_TOKENS, NO_TOKENS)
-            if _word(token) in words[0] | words[1]:
+            word = _word(token)
+            # evidence lines: `S2` / `none`, or `yes S2` / `no` (prompts.yaml yes_then_step)
+            words = (
+                (STEP_TOKENS | YES_TOKENS, NONE_TOKENS | NO_TOKENS)
+                if is_evidence
+                else (YES_TOKENS, NO_TOKENS)
+            )
+            if word in words[0] | words[1]:
                 yes, no = _masses(entry, written, words)
                 if yes + no > 0:
-                    where = _where(entries, position) if is_evidence and _word(token) in STEP_TOKENS else ()
+                    performed = word in words[0]
+                    where = _where(entries, position) if is_evidence and performed else ()
                     answer = Answer(yes / (yes + no), "logprobs", where)
                     if exact.get(line.lstrip("*# ")) == key and key not in found:
                         found[key] = answer

@@ -15,9 +15,12 @@ def _literal(text: str) -> str:
     return f'"{escaped}"'
 
 
-def answer_grammar(lines: Sequence[str], evidence_steps: int | None = None) -> str:
+def answer_grammar(
+    lines: Sequence[str], evidence_steps: int | None = None, yes_then_step: bool = False
+) -> str:
     """`root ::= "S1. search web: " yn "\\n" ... "full: " yn`; with `evidence_steps` = N, lines
-    starting with E are answered `ev ::= "S" ("1" | ... | "N") | "none"`."""
+    starting with E are answered `ev ::= "S" ("N" | ... | "1") | "none"` (`yes_then_step`:
+    `ev ::= "yes S" (...) | "no"`)."""
     parts: list[str] = []
     for position, line in enumerate(lines):
         if position:
@@ -27,5 +30,8 @@ def answer_grammar(lines: Sequence[str], evidence_steps: int | None = None) -> s
     rules = [f"root ::= {' '.join(parts)}", 'yn ::= "yes" | "no"']
     if evidence_steps is not None:
         numbers = " | ".join(_literal(str(n)) for n in range(max(1, evidence_steps), 0, -1))
-        rules.append(f'ev ::= "S" ({numbers}) | "none"')
+        if yes_then_step:
+            rules.append(f'ev ::= "yes S" ({numbers}) | "no"')
+        else:
+            rules.append(f'ev ::= "S" ({numbers}) | "none"')
     return "\n".join(rules) + "\n"

@@ -160,7 +160,9 @@ class OpenAIJudge:
             "top_logprobs": cfg.top_logprobs,
         }
         if cfg.answer_grammar:  # llama.cpp-family fields (OpenAI rejects them)
-            body["grammar"] = answer_grammar(group.lines, group.steps if group.evidence else None)
+            body["grammar"] = answer_grammar(
+                group.lines, group.steps if group.evidence else None, group.yes_then_step
+            )
             # llama-cpp-python's server defaults to 1.1, which pushes a repeated `yes` / `S2`
             # away from what the logits say: the written answers then drift from their logprobs.
             body["repeat_penalty"] = 1.0

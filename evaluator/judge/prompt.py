@@ -64,6 +64,9 @@ class PromptFile(BaseModel):
     plan_system: str
     trajectory_steps: str
     restate_expected: bool
+    yes_then_step: bool = False
+    """Evidence lines answer `yes S2` / `no` (p from the yes/no token, the step after it) rather
+    than `S2` / `none`."""
     """Evidence lines restate their step (`E1. look up order: S1`) rather than `E1: S1`."""
     plan_step: str
     task_line: str
@@ -91,6 +94,8 @@ class RenderedGroup:
     question of trajectory_steps, from the evidence positions)."""
     steps: int = 0
     """How many agent steps the lines can name (S1..S{steps})."""
+    yes_then_step: bool = False
+    """Evidence lines are answered `yes S2` / `no` (prompts.yaml `yes_then_step`)."""
 
     @property
     def keys(self) -> list[str]:
@@ -117,15 +122,18 @@ def _steps_user(
         task=_task(file.task_line, task),
         steps=_numbered(trajectory, "S") or "(no steps)",
         expected="\n".join(f"E{n}. {_one_line(step)}" for n, step in enumerate(expected, start=1)),
-        form="\n".join(f"{line}: {EVIDENCE_FORM}" for line in lines),
+        form="\n".join(f"{line}: {YES_STEP_FORM if file.yes_then_step else EVIDENCE_FORM}" for line in lines),
     )
 
 
 EVIDENCE_FORM = "S? or none"
+YES_STEP_FORM = "yes S? or no"
 """What the form asks on an evidence line; tests/fake_openai.py answers lines that end so."""
 
 
-def _evidence(n: int) -> str:
+def _evidence(n: int, yes_then_step: bool = False) -> str:
+    if yes_then_step:
+        return f"yes S{n}" if n else "no"
     return f"S{n}" if n else "none"
 
 
@@ -163,7 +171,10 @@ def _examples(file: PromptFile, kind: str) -> list[dict[str, str]]:
                 {"role": "user", "content": _steps_user(file, ex.input, ex.trajectory, ex.expected, lines)}
             )
             turns.append(
-                {"role": "assistant", "content": _filled(lines, [_evidence(n) for n in ex.evidence])}
+                {
+                    "role": "assistant",
+                    "content": _filled(lines, [_evidence(n, file.yes_then_step) for n in ex.evidence]),
+                }
             )
     else:
         for px in file.plan_step_examples:
@@ -216,5 +227,10 @@ def render_group(batch: JudgeBatch, indices: Sequence[int], file: PromptFile | N
         {"role": "user", "content": user},
     ]
     return RenderedGroup(
-        messages=messages, lines=lines, evidence=kind == "steps", derived=derived, steps=len(trajectory)
+        messages=messages,
+        lines=lines,
+        evidence=kind == "steps",
+        derived=derived,
+        steps=len(trajectory),
+        yes_then_step=file.yes_then_step,
     )

@@ -77,7 +77,8 @@ async def test_one_request_per_trajectory_and_p_read_from_each_answer_tokens_log
     body = server.requests[0]
     assert body["model"] == "judge-model" and body["temperature"] == 0
     assert body["logprobs"] is True and body["top_logprobs"] == 5 and "grammar" not in body
-    assert form_lines(body) == ["E1", "E2", "E3"]  # the order question is not asked
+    # the order question is not asked: it is computed from the steps named
+    assert form_lines(body) == ["E1. look up order", "E2. issue refund", "E3. notify customer"]
     assert "repeat_penalty" not in body  # a llama.cpp field: only with answer_grammar
     assert 20 <= body["max_tokens"] <= 80  # bounded: the lines plus their answers
     roles = [m["role"] for m in body["messages"]]
@@ -115,8 +116,8 @@ async def test_grammar_constrains_the_answer_lines_when_enabled(fake):
         await judge.aclose()
     body = server.requests[0]
     grammar = body["grammar"]
-    assert grammar.startswith('root ::= "E1: " ev "\\n" "E2: " ev "\\n" "E3: " ev\n')
-    assert grammar.rstrip().endswith('ev ::= "S" ("2" | "1") | "none"')  # the two agent steps
+    assert grammar.startswith('root ::= "E1. look up order: " ev "\\n" "E2. issue refund: " ev "\\n"')
+    assert grammar.rstrip().endswith('ev ::= "yes S" ("2" | "1") | "no"')  # the two agent steps
     assert body["repeat_penalty"] == 1.0  # llama-cpp-python's 1.1 would bend repeated answers
 
 
@@ -461,3 +462,31 @@ async def test_steps_named_out_of_order_give_a_low_order_answer(fake):
         await judge.aclose()
     assert [a.where for a in answers[:3]] == [((1, 1.0),), ((0, 1.0),), ()]
     assert answers[3].p == pytest.approx(0.0) and answers[3].source == "positions"
+
+
+def test_a_yes_then_step_answer_reads_p_from_yes_and_the_position_from_the_step_after_it():
+    from stepwatch.evaluator.judge.answers import read_answers
+
+    def entry(token: str, top: list[tuple[str, float]]) -> dict[str, Any]:
+        return {
+            "token": token,
+            "logprob": 0.0,
+            "top_logprobs": [{"token": t, "logprob": math.log(q)} for t, q in top],
+        }
+
+    content = [
+        entry("E1. pay:", [("E1. pay:", 1.0)]),
+        entry(" yes", [(" yes", 0.7), (" no", 0.3)]),
+        entry(" S", [(" S", 1.0)]),
+        entry("2", [("2", 0.8), ("1", 0.2)]),
+        entry("\n", [("\n", 1.0)]),
+        entry("E2. ship:", [("E2. ship:", 1.0)]),
+        entry(" no", [(" yes", 0.1), (" no", 0.9)]),
+    ]
+    choice = {"message": {"content": "E1. pay: yes S2\nE2. ship: no"}, "logprobs": {"content": content}}
+    first, second = read_answers(choice, ["E1", "E2"], lines=["E1. pay", "E2. ship"], evidence=True)
+    assert first.p == pytest.approx(0.7) and first.where == ((0, pytest.approx(0.2)), (1, pytest.approx(0.8)))
+    assert second.p == pytest.approx(0.1) and second.where == ()
+    del choice["logprobs"]  # from the text alone
+    first, second = read_answers(choice, ["E1", "E2"], evidence=True)
+    assert (first.p, first.source, first.where, second.p) == (1.0, "answer_text", ((1, 1.0),), 0.0)
