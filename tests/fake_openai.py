@@ -2,7 +2,9 @@
 cannot be made to show on demand: 429, 5xx, timeouts, no logprobs, malformed answers.
 
 `answer_lines(body, decide)` fills in the answer lines a request asks for, the way a model does,
-with one token per answer whose top_logprobs carry `decide(line)` as P(yes).
+with one token per answer whose top_logprobs carry `decide(line)` as P(yes). An evidence line
+(`E2: S? or none`, trajectory_steps) is answered `S2` (the expected step's own number) when
+P >= 0.5, else `none`, with P(S) vs P(none) in the answer token's top_logprobs.
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ import pytest
 from aiohttp import web
 
 FORM_LINE = re.compile(r"^(?P<line>(?:E\d+|S\d+)\. .*|order|full): yes or no$")
+EVIDENCE_LINE = re.compile(r"^(?P<line>E(?P<n>\d+)(?:\. .*)?): (?:yes )?S\? or (?:none|no)$")
 
 
 def form_lines(body: dict) -> list[str]:
     """The answer lines the request's last user message asks to be filled in."""
     last = body["messages"][-1]["content"]
-    return [m["line"] for text in last.splitlines() if (m := FORM_LINE.match(text))]
+    return [
+        m["line"] for text in last.splitlines() if (m := FORM_LINE.match(text) or EVIDENCE_LINE.match(text))
+    ]
 
 
 def _entry(token: str, p: float, top: list[tuple[str, float]] | None = None) -> dict[str, Any]:
@@ -51,10 +56,20 @@ def completion_for(
     text_lines: list[str] = []
     tokens: list[dict[str, Any]] = []
     for n, (line, p) in enumerate(zip(lines, p_yes, strict=True)):
-        word = "yes" if p >= 0.5 else "no"
         if n:
             tokens.append(_entry("\n", 1.0))
         tokens.append(_entry(f"{line}:", 1.0))
+        evidence = re.match(r"E(\d+)(?:\.|$)", line)
+        if evidence:  # `E2: S2` or `E2: none`
+            step = evidence.group(1)
+            if p >= 0.5:
+                tokens.append(_entry(" S", p, [(" S", p), (" none", 1 - p)]))
+                tokens.append(_entry(step, 1.0))
+            else:
+                tokens.append(_entry(" none", 1 - p, [(" S", p), (" none", 1 - p)]))
+            text_lines.append(f"{line}: {'S' + step if p >= 0.5 else 'none'}")
+            continue
+        word = "yes" if p >= 0.5 else "no"
         tokens.append(_entry(f" {word}", max(p, 1 - p), [(" yes", p), (" no", 1 - p)]))
         text_lines.append(f"{line}: {word}")
     choice: dict[str, Any] = {

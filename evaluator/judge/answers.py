@@ -1,10 +1,22 @@
 """Read one Answer per answer line out of a Chat Completions choice.
 
-The completion holds lines such as `E2. issue refund: yes`. For each line, the answer is the
-first yes/no token right after the line's colon; its p(yes) is read from that position's
-top_logprobs: Σ P(yes-like) / (Σ P(yes-like) + Σ P(no-like)). A server that returns no logprobs
-(or a line whose answer position has none) gets its answer from the text, marked `answer_text`
-with p 1.0 or 0.0, so the result can say so; a line that is missing or says neither is malformed.
+Two kinds of line. A yes/no line (`S2. search web: yes`, `full: no`: plan_adherence) has its
+answer in the first yes/no token right after the line's colon; p(yes) is read from that
+position's top_logprobs: Σ P(yes-like) / (Σ P(yes-like) + Σ P(no-like)). An evidence line
+(`E2: S3` / `E3: none`, or `E2: yes S3` / `E3: no`: trajectory_steps) names the agent step that
+accomplishes an expected step: p(performed) is Σ P(S or yes) / (Σ P(S or yes) + Σ P(none or no))
+at the answer position, and the step number's
+digit position gives the distribution over which agent step it was (`Answer.where`), from which
+the order answer is computed (`order_from_positions`).
+
+Only candidates that continue the text already written count: after `E1:` a token must bring
+its own space (` yes`), after `E1: ` it must not. llama.cpp reports top_logprobs from the raw
+logits, so after a lone space token the list still holds ` yes`, a continuation the grammar
+would never admit; mixing it in skews p(yes).
+
+A server that returns no logprobs (or a line whose answer position has none) gets its answer
+from the text, marked `answer_text` with p 1.0 or 0.0, so the result can say so; a line that is
+missing or says neither is malformed.
 """
 
 from __future__ import annotations
@@ -14,11 +26,14 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .base import Answer, JudgeMalformed
+from .base import Answer, AnswerSource, JudgeMalformed
 
 YES_TOKENS = frozenset({"yes", "y", "true"})
 NO_TOKENS = frozenset({"no", "n", "false"})
+STEP_TOKENS = frozenset({"s"})
+NONE_TOKENS = frozenset({"none", "no", "non", "n"})
 _KEY = re.compile(r"^\W*(E\d+|S\d+|order|full)\b", re.IGNORECASE)
+_EVIDENCE_TEXT = re.compile(r":\s*\**\s*(?:(?:yes\W*)?S\s*(\d+)|(none|no)\b)", re.IGNORECASE)
 
 
 def normalise_key(raw: str) -> str:
@@ -34,79 +49,186 @@ def _word(token: str) -> str:
     return token.strip().strip(".!,;*").lower()
 
 
-def _p_yes(entry: Mapping[str, Any]) -> float | None:
+def _continues(written: str, token: str) -> bool:
+    """Whether `token` can follow `written` as an answer: exactly one space after the colon."""
+    if written.endswith(":"):
+        return token.startswith(" ") and not token.startswith("  ")
+    return not token[:1].isspace()
+
+
+def _masses(
+    entry: Mapping[str, Any], line: str, words: tuple[frozenset[str], frozenset[str]]
+) -> tuple[float, float]:
     candidates = list(entry.get("top_logprobs") or []) or [entry]
-    yes = no = 0.0
+    first = second = 0.0
     for candidate in candidates:
         try:
-            word = _word(str(candidate["token"]))
+            token = str(candidate["token"])
             probability = math.exp(float(candidate["logprob"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise JudgeMalformed(f"unreadable top_logprobs entry: {candidate!r}") from exc
-        if word in YES_TOKENS:
-            yes += probability
-        elif word in NO_TOKENS:
-            no += probability
+        if not _continues(line, token):
+            continue
+        word = _word(token)
+        if word in words[0]:
+            first += probability
+        elif word in words[1]:
+            second += probability
+    return first, second
+
+
+def _p_yes(entry: Mapping[str, Any], line: str = ":") -> float | None:
+    yes, no = _masses(entry, line, (YES_TOKENS, NO_TOKENS))
     return yes / (yes + no) if yes + no > 0 else None
 
 
-def from_logprobs(content: Sequence[Any], lines: Sequence[str] = ()) -> dict[str, float]:
-    """p(yes) by line key, for each line whose answer token follows its colon.
+def _digits(entry: Mapping[str, Any]) -> dict[int, float]:
+    """The single-digit step numbers at a digit position, normalised (S1-S9)."""
+    found: dict[int, float] = {}
+    for candidate in list(entry.get("top_logprobs") or []) or [entry]:
+        token = str(candidate.get("token", "")).strip()
+        if len(token) == 1 and token in "123456789":
+            found[int(token)] = found.get(int(token), 0.0) + math.exp(float(candidate["logprob"]))
+    total = sum(found.values())
+    return {n: p / total for n, p in found.items()} if total > 0 else {}
 
-    A line restated exactly (`E1. note: no refund`) has its answer after the whole restatement,
+
+def _where(content: Sequence[Any], start: int) -> tuple[tuple[int, float], ...]:
+    """The step number after the `S` token at content[start]: a distribution over 0-based agent
+    step indices, from the first digit's top_logprobs when the number has one digit, else the
+    number as written (the first digit of `12` does not say which two-digit number follows)."""
+    digits: list[str] = []
+    first: Mapping[str, Any] | None = None
+    if _word(str(content[start].get("token", ""))) not in STEP_TOKENS:  # `yes S2`: find the S
+        for offset, entry in enumerate(content[start + 1 :], start=start + 1):
+            token = str(entry.get("token", "")) if isinstance(entry, Mapping) else ""
+            if "\n" in token:
+                return ()
+            if _word(token) in STEP_TOKENS:
+                start = offset
+                break
+        else:
+            return ()
+    for entry in content[start + 1 :]:
+        token = str(entry.get("token", "")) if isinstance(entry, Mapping) else ""
+        if not token.strip().isdigit() or (digits and token[:1].isspace()):
+            break
+        first = first or entry
+        digits.append(token.strip())
+    if not digits:
+        return ()
+    number = int("".join(digits))
+    spread = _digits(first) if first is not None and len("".join(digits)) == 1 else {}
+    if not spread:
+        return ((number - 1, 1.0),) if number >= 1 else ()
+    return tuple(sorted((n - 1, p) for n, p in spread.items()))
+
+
+def from_logprobs(
+    content: Sequence[Any], lines: Sequence[str] = (), evidence: bool = False
+) -> dict[str, Answer]:
+    """Answer by line key, for each line whose answer token follows its colon.
+
+    A line restated exactly (`S1. note: no refund`) has its answer after the whole restatement,
     not after a colon inside the step's own text; other lines take the first colon-answer.
+    `evidence`: E-lines are answered with a step (`S2`) or `none`, not yes/no.
     """
     exact = {f"{line}:": _line_key(line) for line in lines}
-    found: dict[str, float] = {}
-    loose: dict[str, float] = {}
+    found: dict[str, Answer] = {}
+    loose: dict[str, Answer] = {}
     text = ""
-    for entry in content:
+    entries = list(content)
+    for position, entry in enumerate(entries):
         if not isinstance(entry, Mapping) or not isinstance(entry.get("token"), str):
             raise JudgeMalformed(f"unreadable logprobs entry: {entry!r}"[:160])
         token = entry["token"]
-        line = text.rsplit("\n", 1)[-1].strip()
-        if _word(token) in YES_TOKENS | NO_TOKENS and line.endswith(":"):
-            key = _line_key(line)
-            p = _p_yes(entry) if key is not None else None
-            if p is not None and key is not None:
-                if exact.get(line.lstrip("*# ")) == key and key not in found:
-                    found[key] = p
-                elif key not in loose:
-                    loose[key] = p
+        written = text.rsplit("\n", 1)[-1]
+        line = written.strip()
+        key = _line_key(line) if line.endswith(":") else None
+        if key is not None:
+            is_evidence = evidence and key.startswith("E")
+            word = _word(token)
+            # evidence lines: `S2` / `none`, or `yes S2` / `no` (prompts.yaml yes_then_step)
+            words = (
+                (STEP_TOKENS | YES_TOKENS, NONE_TOKENS | NO_TOKENS)
+                if is_evidence
+                else (YES_TOKENS, NO_TOKENS)
+            )
+            if word in words[0] | words[1]:
+                yes, no = _masses(entry, written, words)
+                if yes + no > 0:
+                    performed = word in words[0]
+                    where = _where(entries, position) if is_evidence and performed else ()
+                    answer = Answer(yes / (yes + no), "logprobs", where)
+                    if exact.get(line.lstrip("*# ")) == key and key not in found:
+                        found[key] = answer
+                    elif key not in loose:
+                        loose[key] = answer
         text += token
     return {**loose, **found}
 
 
-def from_text(text: str) -> dict[str, bool]:
-    """yes/no by line key, from the answer text alone."""
-    found: dict[str, bool] = {}
+def from_text(text: str, evidence: bool = False) -> dict[str, Answer]:
+    """Answers by line key from the answer text alone (p 1.0 or 0.0, marked `answer_text`)."""
+    found: dict[str, Answer] = {}
     for line in text.splitlines():
         key = _line_key(line)
-        match = re.search(r":\s*\**\s*(yes|no)\b", line, re.IGNORECASE)
-        if key is not None and match and key not in found:
-            found[key] = match.group(1).lower() == "yes"
+        if key is None or key in found:
+            continue
+        if evidence and key.startswith("E"):
+            match = _EVIDENCE_TEXT.search(line)
+            if match and match.group(1):
+                found[key] = Answer(1.0, "answer_text", ((int(match.group(1)) - 1, 1.0),))
+            elif match:
+                found[key] = Answer(0.0, "answer_text")
+            continue
+        yes_no = re.search(r":\s*\**\s*(yes|no)\b", line, re.IGNORECASE)
+        if yes_no:
+            found[key] = Answer(1.0 if yes_no.group(1).lower() == "yes" else 0.0, "answer_text")
     return found
 
 
+def order_from_positions(answers: Sequence[Answer], threshold: float = 0.5) -> Answer:
+    """p(the accomplished steps were done in the expected order), from their evidence positions:
+    the probability that the agent steps named for the performed expected steps (p >= threshold),
+    taken in expected order, never go backwards (two expected steps done by one agent step are in
+    order), each step's position distributed as its `where` says, independently. Fewer than two
+    placed steps cannot be out of order; none placed is no evidence either way (0.5, as the local
+    judge says)."""
+    placed = [answer for answer in answers if answer.p >= threshold and answer.where]
+    source: AnswerSource = "answer_text" if any(a.source == "answer_text" for a in placed) else "positions"
+    if not placed:
+        return Answer(0.5, "positions")
+    reach = dict(placed[0].where)  # P(ordered so far, last one at position j)
+    for answer in placed[1:]:
+        reach = {j: q * sum(p for i, p in reach.items() if i <= j) for j, q in answer.where}
+    return Answer(min(1.0, max(0.0, sum(reach.values()))), source)
+
+
 def read_answers(
-    choice: Mapping[str, Any], keys: Sequence[str], require_logprobs: bool = False, lines: Sequence[str] = ()
+    choice: Mapping[str, Any],
+    keys: Sequence[str],
+    require_logprobs: bool = False,
+    lines: Sequence[str] = (),
+    evidence: bool = False,
 ) -> list[Answer]:
     """One Answer per key, in order; JudgeMalformed when a key has no readable answer. `lines`: the
-    answer lines as asked (`E1. look up order`), to find answers after an exact restatement."""
+    answer lines as asked (`S1. search web`), to find answers after an exact restatement;
+    `evidence`: E-lines name the accomplishing step (`E1: S2`) instead of yes/no."""
     logprobs = choice.get("logprobs")
     content = logprobs.get("content") if isinstance(logprobs, Mapping) else None
-    probabilities = from_logprobs(content, lines) if isinstance(content, list) else {}
+    probabilities = from_logprobs(content, lines, evidence) if isinstance(content, list) else {}
     message = choice.get("message") or {}
     text = str(message.get("content") or "") if isinstance(message, Mapping) else ""
-    texts = from_text(text) if len(probabilities) < len(keys) else {}
+    texts = from_text(text, evidence) if len(probabilities) < len(keys) else {}
     answers: list[Answer] = []
     for key in keys:
         if key in probabilities:
-            answers.append(Answer(probabilities[key], "logprobs"))
+            answers.append(probabilities[key])
         elif key in texts and not require_logprobs:
-            answers.append(Answer(1.0 if texts[key] else 0.0, "answer_text"))
+            answers.append(texts[key])
         elif key in texts:
             raise JudgeMalformed(f"no logprobs for answer {key!r} and require_logprobs is set")
         else:
-            raise JudgeMalformed(f"no yes/no answer for {key!r} in {text[:120]!r}")
+            raise JudgeMalformed(f"no answer for {key!r} in {text[:120]!r}")
     return answers

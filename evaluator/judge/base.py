@@ -16,9 +16,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-AnswerSource = Literal["logprobs", "answer_text", "lexical"]
+AnswerSource = Literal["logprobs", "answer_text", "lexical", "positions"]
 """Where p(yes) came from: the answer token's top_logprobs; only the answer's text (a server that
-returned no logprobs: p is 1.0 or 0.0, not a probability); the local judge's lexical evidence."""
+returned no logprobs: p is 1.0 or 0.0, not a probability); the local judge's lexical evidence;
+computed from the other answers' evidence positions (trajectory_steps' order answer from a
+hosted judge: answers.order_from_positions)."""
 
 QuestionKind = Literal["accomplishes", "fully_accomplishes", "contributes", "order"]
 """What a question asks, so a backend without language understanding can answer it:
@@ -48,10 +50,15 @@ class Question:
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """p(yes) for one question, and where it came from (see AnswerSource)."""
+    """p(yes) for one question, and where it came from (see AnswerSource).
+
+    `where`: for an `accomplishes` answer that names its evidence, the distribution over which
+    trajectory item (0-based) accomplishes the step, as (index, probability) pairs.
+    """
 
     p: float
     source: AnswerSource = "logprobs"
+    where: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

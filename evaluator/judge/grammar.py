@@ -1,7 +1,8 @@
 """A GBNF grammar (llama.cpp's `grammar` request field) that admits only the expected answer
-lines, each ending in yes or no: the model chooses nothing but the answers, so every answer
-lands on a known line and its token's top_logprobs are the model's own yes/no distribution
-(llama.cpp reports logprobs from the raw logits, before the grammar masks them).
+lines, each ending in its answer: yes or no, or (evidence lines) an agent step `S1`..`SN` or
+`none`. The model chooses nothing but the answers, so every answer lands on a known line and its
+token's top_logprobs are the model's own distribution (llama.cpp reports logprobs from the raw
+logits, before the grammar masks them).
 """
 
 from __future__ import annotations
@@ -14,11 +15,23 @@ def _literal(text: str) -> str:
     return f'"{escaped}"'
 
 
-def answer_grammar(lines: Sequence[str]) -> str:
-    """`root ::= "E1. look up order: " yn "\\n" ... "order: " yn`."""
+def answer_grammar(
+    lines: Sequence[str], evidence_steps: int | None = None, yes_then_step: bool = False
+) -> str:
+    """`root ::= "S1. search web: " yn "\\n" ... "full: " yn`; with `evidence_steps` = N, lines
+    starting with E are answered `ev ::= "S" ("N" | ... | "1") | "none"` (`yes_then_step`:
+    `ev ::= "yes S" (...) | "no"`)."""
     parts: list[str] = []
     for position, line in enumerate(lines):
         if position:
             parts.append(_literal("\n"))
-        parts.extend([_literal(f"{line}: "), "yn"])
-    return f'root ::= {" ".join(parts)}\nyn ::= "yes" | "no"\n'
+        rule = "ev" if evidence_steps is not None and line.startswith("E") else "yn"
+        parts.extend([_literal(f"{line}: "), rule])
+    rules = [f"root ::= {' '.join(parts)}", 'yn ::= "yes" | "no"']
+    if evidence_steps is not None:
+        numbers = " | ".join(_literal(str(n)) for n in range(max(1, evidence_steps), 0, -1))
+        if yes_then_step:
+            rules.append(f'ev ::= "yes S" ({numbers}) | "no"')
+        else:
+            rules.append(f'ev ::= "S" ({numbers}) | "none"')
+    return "\n".join(rules) + "\n"

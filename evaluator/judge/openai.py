@@ -23,7 +23,7 @@ from typing import Any
 
 import aiohttp
 
-from .answers import read_answers
+from .answers import order_from_positions, read_answers
 from .base import (
     Answer,
     BudgetHook,
@@ -56,8 +56,8 @@ def retry_after_seconds(value: str | None, now: float) -> float | None:
 
 def answer_token_budget(lines: list[str]) -> int:
     """max_tokens for the answer lines: each restated line (~3 chars a token, generously) plus its
-    answer and newline; a bounded completion is what keeps a request's cost and latency known."""
-    return sum(len(line) // 3 + 6 for line in lines) + 8
+    answer (`yes`, `none`, `S12`) and newline; a bounded completion keeps cost and latency known."""
+    return sum(len(line) // 3 + 7 for line in lines) + 8
 
 
 class OpenAIJudge:
@@ -159,8 +159,13 @@ class OpenAIJudge:
             "logprobs": True,
             "top_logprobs": cfg.top_logprobs,
         }
-        if cfg.answer_grammar:
-            body["grammar"] = answer_grammar(group.lines)
+        if cfg.answer_grammar:  # llama.cpp-family fields (OpenAI rejects them)
+            body["grammar"] = answer_grammar(
+                group.lines, group.steps if group.evidence else None, group.yes_then_step
+            )
+            # llama-cpp-python's server defaults to 1.1, which pushes a repeated `yes` / `S2`
+            # away from what the logits say: the written answers then drift from their logprobs.
+            body["repeat_penalty"] = 1.0
         return body
 
     async def _request(self, group: RenderedGroup, budget: BudgetHook | None) -> tuple[Answer, ...]:
@@ -226,11 +231,16 @@ class OpenAIJudge:
         if budget is not None:
             budget.spend_usd(cost)
         try:
-            answers = tuple(read_answers(choice, group.keys, self.config.require_logprobs, group.lines))
+            read = read_answers(
+                choice, group.keys, self.config.require_logprobs, group.lines, evidence=group.evidence
+            )
         except JudgeMalformed:
             self.stats.count("malformed")
             raise
         self.stats.count("ok")
+        answers = list(read)
+        for position in group.derived:  # the order question: computed from the evidence positions
+            answers.insert(position, order_from_positions(read))
         for answer in answers:
             self.stats.count_answer(answer.source)
-        return answers
+        return tuple(answers)

@@ -1,10 +1,12 @@
 """Render one request group of a JudgeBatch into chat messages, from the versioned prompts.yaml.
 
-A group's questions are answered on lines the model fills in (`E2. issue refund: yes`), each
-line restating what it answers, after worked examples rendered by the same code as the real
-question. Why this shape: measured with Qwen2.5-Coder-1.5B, a prompt that names steps by index
-into JSON state scored 0.67 per step; the step text in each question, restated on its answer
-line, with worked examples, scored 0.9+ (docs/judges.md).
+A group's questions are answered on lines the model fills in, after worked examples rendered by
+the same code as the real question. trajectory_steps: one evidence line per expected step
+(`E2. issue refund: S2`, or `none`): the agent step that accomplishes it, so p(performed) is
+p(a step) vs p(none) and the order answer is computed from the named steps' positions
+(answers.order_from_positions) instead of asked: measured with Qwen2.5-Coder-1.5B, an asked
+order question was right on 2 of 16 dev trajectories, the computed one on 15 (docs/judges.md).
+plan_adherence: yes/no lines restating each agent step (`S2. search web: yes`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from importlib import resources
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .base import JudgeBatch, JudgeMalformed, Question
 from .readable import readable_item, short_label
@@ -30,8 +32,16 @@ class StepsExample(BaseModel):
     input: str | None = None
     trajectory: list[str]
     expected: list[str]
-    answers: list[YesNo]
-    order: YesNo
+    evidence: list[int]
+    """Per expected step, the 1-based agent step that accomplishes it, 0 for none."""
+
+    @model_validator(mode="after")
+    def _evidence_fits(self) -> StepsExample:
+        if len(self.evidence) != len(self.expected) or not all(
+            0 <= n <= len(self.trajectory) for n in self.evidence
+        ):
+            raise ValueError("evidence needs one agent step number (0 = none) per expected step")
+        return self
 
 
 class PlanExample(BaseModel):
@@ -51,7 +61,13 @@ class PromptFile(BaseModel):
 
     version: str
     system: str
+    plan_system: str
     trajectory_steps: str
+    restate_expected: bool
+    yes_then_step: bool = False
+    """Evidence lines answer `yes S2` / `no` (p from the yes/no token, the step after it) rather
+    than `S2` / `none`."""
+    """Evidence lines restate their step (`E1. look up order: S1`) rather than `E1: S1`."""
     plan_step: str
     task_line: str
     trajectory_steps_examples: list[StepsExample] = Field(min_length=1)
@@ -70,7 +86,16 @@ class RenderedGroup:
 
     messages: list[dict[str, str]]
     lines: list[str]
-    """`E1. look up order`, `order`, `S2. search web`, `full`: each answer line up to its colon."""
+    """`E1. look up order` (or `E1`), `S2. search web`, `full`: each answer line up to its colon."""
+    evidence: bool = False
+    """E-lines are answered with the accomplishing agent step (`S2`) or `none`."""
+    derived: tuple[int, ...] = ()
+    """Positions in the group's questions answered by computation, not by a line (the order
+    question of trajectory_steps, from the evidence positions)."""
+    steps: int = 0
+    """How many agent steps the lines can name (S1..S{steps})."""
+    yes_then_step: bool = False
+    """Evidence lines are answered `yes S2` / `no` (prompts.yaml `yes_then_step`)."""
 
     @property
     def keys(self) -> list[str]:
@@ -97,8 +122,19 @@ def _steps_user(
         task=_task(file.task_line, task),
         steps=_numbered(trajectory, "S") or "(no steps)",
         expected="\n".join(f"E{n}. {_one_line(step)}" for n, step in enumerate(expected, start=1)),
-        form="\n".join(f"{line}: yes or no" for line in lines),
+        form="\n".join(f"{line}: {YES_STEP_FORM if file.yes_then_step else EVIDENCE_FORM}" for line in lines),
     )
+
+
+EVIDENCE_FORM = "S? or none"
+YES_STEP_FORM = "yes S? or no"
+"""What the form asks on an evidence line; tests/fake_openai.py answers lines that end so."""
+
+
+def _evidence(n: int, yes_then_step: bool = False) -> str:
+    if yes_then_step:
+        return f"yes S{n}" if n else "no"
+    return f"S{n}" if n else "none"
 
 
 def _plan_user(
@@ -116,9 +152,9 @@ def _filled(lines: list[str], answers: Sequence[str]) -> str:
     return "\n".join(f"{line}: {answer}" for line, answer in zip(lines, answers, strict=True))
 
 
-def steps_lines(expected: Sequence[str], indices: Sequence[int | None]) -> list[str]:
-    """Answer lines for step indices (None = the order question)."""
-    return [f"E{i + 1}. {_one_line(expected[i])}" if i is not None else "order" for i in indices]
+def steps_lines(expected: Sequence[str], indices: Sequence[int], restate: bool = True) -> list[str]:
+    """Evidence lines for expected-step indices."""
+    return [f"E{i + 1}. {_one_line(expected[i])}" if restate else f"E{i + 1}" for i in indices]
 
 
 def plan_lines(trajectory: Sequence[str], indices: Sequence[int | None]) -> list[str]:
@@ -130,11 +166,16 @@ def _examples(file: PromptFile, kind: str) -> list[dict[str, str]]:
     turns: list[dict[str, str]] = []
     if kind == "steps":
         for ex in file.trajectory_steps_examples:
-            lines = steps_lines(ex.expected, [*range(len(ex.expected)), None])
+            lines = steps_lines(ex.expected, range(len(ex.expected)), file.restate_expected)
             turns.append(
                 {"role": "user", "content": _steps_user(file, ex.input, ex.trajectory, ex.expected, lines)}
             )
-            turns.append({"role": "assistant", "content": _filled(lines, [*ex.answers, ex.order])})
+            turns.append(
+                {
+                    "role": "assistant",
+                    "content": _filled(lines, [_evidence(n, file.yes_then_step) for n in ex.evidence]),
+                }
+            )
     else:
         for px in file.plan_step_examples:
             lines = plan_lines(px.trajectory, [*range(len(px.trajectory)), None])
@@ -160,10 +201,13 @@ def render_group(batch: JudgeBatch, indices: Sequence[int], file: PromptFile | N
     trajectory = _strings(batch.state, questions[0].refs[0])
     target = _strings(batch.state, str(questions[0].args.get("target", "")))
     task = batch.state.get("input")
+    derived: tuple[int, ...] = ()
     if kinds <= {"accomplishes", "order"}:
-        lines = steps_lines(
-            target, [int(q.args["index"]) if q.kind == "accomplishes" else None for q in questions]
-        )
+        asked = [int(q.args["index"]) for q in questions if q.kind == "accomplishes"]
+        if not asked:
+            raise JudgeMalformed("an order question needs step questions in its request group")
+        derived = tuple(n for n, q in enumerate(questions) if q.kind == "order")
+        lines = steps_lines(target, asked, file.restate_expected)
         user = _steps_user(file, task, trajectory, target, lines)
         kind = "steps"
     elif kinds <= {"contributes", "fully_accomplishes"}:
@@ -178,8 +222,15 @@ def render_group(batch: JudgeBatch, indices: Sequence[int], file: PromptFile | N
     else:
         raise JudgeMalformed(f"question kinds {sorted(kinds)} cannot share one request")
     messages = [
-        {"role": "system", "content": file.system},
+        {"role": "system", "content": file.system if kind == "steps" else file.plan_system},
         *_examples(file, kind),
         {"role": "user", "content": user},
     ]
-    return RenderedGroup(messages=messages, lines=lines)
+    return RenderedGroup(
+        messages=messages,
+        lines=lines,
+        evidence=kind == "steps",
+        derived=derived,
+        steps=len(trajectory),
+        yes_then_step=file.yes_then_step,
+    )

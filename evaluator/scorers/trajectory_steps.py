@@ -9,7 +9,12 @@ the `score` field keeps four decimals (the count reading gives 0.661, which no r
 shown figures brings to 0.65).
 
 All K step questions and the order question form one request group: one judge request per
-trajectory, whatever K (the spec: "all in one request").
+trajectory, whatever K (the spec: "all in one request"). A hosted judge answers each step
+question by naming the agent step that accomplishes it (or none), and gives the order answer as
+the probability that the named steps, in expected order, never go backwards
+(judge/answers.order_from_positions): the spec's order question, computed from the evidence
+instead of asked, because a small judge asked it directly answered no matter what the order was
+(docs/judges.md). The local judge answers the order question from its own placements.
 """
 
 from __future__ import annotations
@@ -88,6 +93,15 @@ def resolve_trajectory(inp: ScoringInput) -> list[str] | str:
         rendered = render_items(inp.extras["trajectory"])
         return "trajectory must be a list of strings or steps" if rendered is None else rendered
     return [render_step(step) for step in inp.steps]
+
+
+def _evidence(answer: Answer) -> dict[str, Any]:
+    """`evidence_index`: the trajectory item (0-based, into metadata.trajectory) the judge named as
+    accomplishing the step, when it names one (a hosted judge does; the local judge does not)."""
+    if not answer.where:
+        return {}
+    index, p = max(answer.where, key=lambda pair: pair[1])
+    return {"evidence_index": index, "evidence_probability": round(p, 4)}
 
 
 def combine(step_probabilities: list[float], p_order: float) -> float:
@@ -170,6 +184,7 @@ class TrajectoryStepsScorer:
                 "probability": round(answer.p, 4),
                 "performed": answer.p >= 0.5,
                 "probability_source": answer.source,
+                **_evidence(answer),
             }
             for i, (step, answer) in enumerate(zip(expected, answers, strict=True))
         ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,3 +96,14 @@ def make_trace_input():
 @pytest.fixture
 def make_steps_input():
     return steps_input
+
+
+@pytest.fixture(scope="session")
+def llama_server() -> Iterator[Any]:
+    """One real llama-cpp-python server (the CI model) for every test of the session that needs it:
+    starting one costs seconds, and its prompt-prefix cache carries across tests that send the
+    same system prompt and worked examples."""
+    from llama_fixture import CI_MODEL, LlamaServer
+
+    with LlamaServer(CI_MODEL) as running:
+        yield running

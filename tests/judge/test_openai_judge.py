@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from typing import Any
 
@@ -50,8 +51,8 @@ def refund_batch(state: dict[str, Any] | None = None) -> JudgeBatch:
 
 
 def refund_answers(line: str) -> float:
-    """Yes for the first two expected steps and the order, no for notify customer."""
-    return 0.04 if "notify customer" in line else 0.96
+    """Yes for the first two expected steps (evidence lines: E1, E2), no for notify customer (E3)."""
+    return 0.04 if line.startswith("E3") or "notify customer" in line else 0.96
 
 
 def scoring_input(pid: str, **extras: Any) -> ScoringInput:
@@ -68,13 +69,18 @@ async def test_one_request_per_trajectory_and_p_read_from_each_answer_tokens_log
     finally:
         await judge.aclose()
     assert len(server.requests) == 1  # K = 3 step questions + the order question, one request
-    assert [a.p for a in answers] == [pytest.approx(p) for p in (0.9, 0.7, 0.2, 0.6)]
-    assert {a.source for a in answers} == {"logprobs"}
+    # The fake names step S1 for E1 and S2 for E2 (in order), none for E3: the order answer is
+    # computed from those positions, not asked.
+    assert [a.p for a in answers] == [pytest.approx(p) for p in (0.9, 0.7, 0.2, 1.0)]
+    assert [a.source for a in answers] == ["logprobs"] * 3 + ["positions"]
+    assert [a.where for a in answers[:3]] == [((0, 1.0),), ((1, 1.0),), ()]
     body = server.requests[0]
     assert body["model"] == "judge-model" and body["temperature"] == 0
     assert body["logprobs"] is True and body["top_logprobs"] == 5 and "grammar" not in body
-    assert form_lines(body) == ["E1. look up order", "E2. issue refund", "E3. notify customer", "order"]
-    assert 20 <= body["max_tokens"] <= 80  # bounded: restated lines plus their answers
+    # the order question is not asked: it is computed from the steps named
+    assert form_lines(body) == ["E1. look up order", "E2. issue refund", "E3. notify customer"]
+    assert "repeat_penalty" not in body  # a llama.cpp field: only with answer_grammar
+    assert 20 <= body["max_tokens"] <= 80  # bounded: the lines plus their answers
     roles = [m["role"] for m in body["messages"]]
     examples = len(prompt_file().trajectory_steps_examples)
     assert roles == ["system", *["user", "assistant"] * examples, "user"]  # worked examples first
@@ -84,7 +90,7 @@ async def test_one_request_per_trajectory_and_p_read_from_each_answer_tokens_log
     assert "expected_trajectory[" not in question  # the step text, not an index into JSON
     assert server.headers[0]["Authorization"] == "Bearer sk-test"
     assert judge.stats.snapshot()["requests"] == {"ok": 1}
-    assert judge.stats.snapshot()["answers"] == {"logprobs": 4}
+    assert judge.stats.snapshot()["answers"] == {"logprobs": 3, "positions": 1}
     assert judge.stats.input_tokens == 600 and judge.stats.output_tokens == 30
 
 
@@ -108,9 +114,11 @@ async def test_grammar_constrains_the_answer_lines_when_enabled(fake):
         await judge.ask(refund_batch())
     finally:
         await judge.aclose()
-    grammar = server.requests[0]["grammar"]
-    assert grammar.startswith('root ::= "E1. look up order: " yn "\\n" "E2. issue refund: " yn')
-    assert grammar.rstrip().endswith('yn ::= "yes" | "no"')
+    body = server.requests[0]
+    grammar = body["grammar"]
+    assert grammar.startswith('root ::= "E1. look up order: " ev "\\n" "E2. issue refund: " ev "\\n"')
+    assert grammar.rstrip().endswith('ev ::= "yes S" ("2" | "1") | "no"')  # the two agent steps
+    assert body["repeat_penalty"] == 1.0  # llama-cpp-python's 1.1 would bend repeated answers
 
 
 async def test_without_logprobs_answers_are_marked_and_counted_not_made_up(fake):
@@ -155,10 +163,11 @@ async def test_trajectory_steps_end_to_end_and_the_batched_cache(fake):
         await judge.aclose()
     assert len(server.requests) == 1
     assert judge.stats.requests["cached"] == 1 and judge.stats.requests["ok"] == 1
-    assert (
-        first.score == again.score == pytest.approx((0.96 + 0.96 + 0.04) / 3 * (0.7 + 0.3 * 0.96), abs=1e-3)
-    )
+    assert first.score == again.score == pytest.approx((0.96 + 0.96 + 0.04) / 3 * (0.7 + 0.3 * 1.0), abs=1e-3)
     assert first.metadata["missing_steps"] == ["notify customer"] and first.metadata["judge"] == "openai"
+    assert first.metadata["p_order"] == 1.0 and first.metadata["p_order_source"] == "positions"
+    # which agent step the judge named for each performed step (E1 -> S1, E2 -> S2, E3: none)
+    assert [row.get("evidence_index") for row in first.metadata["details"]] == [0, 1, None]
     assert first.metadata["judge_prompt"] == prompt_file().version
     assert judge.stats.cost_usd == pytest.approx(0.6 * 0.01 + 0.03 * 0.03)
 
@@ -179,7 +188,7 @@ async def test_429_honours_retry_after(fake):
         answers = await judge.ask(refund_batch())
     finally:
         await judge.aclose()
-    assert answers[0] == Answer(pytest.approx(0.8), "logprobs")
+    assert (answers[0].p, answers[0].source) == (pytest.approx(0.8), "logprobs")
     assert len(server.requests) == 2 and server.times[1] - server.times[0] >= 0.95
     assert judge.stats.requests == {"rate_limited": 1, "ok": 1}
 
@@ -366,23 +375,118 @@ def test_fake_completion_round_trips_through_the_reader():
     from stepwatch.evaluator.judge.answers import read_answers
 
     body = raw_completion({})
-    choice = completion_for(["E1. a", "order"], [0.25, 0.75])["choices"][0]
-    assert [a.p for a in read_answers(choice, ["E1", "order"])] == [pytest.approx(0.25), pytest.approx(0.75)]
+    choice = completion_for(["E1", "E2", "S1. a", "full"], [0.25, 0.6, 0.4, 0.75])["choices"][0]
+    answers = read_answers(choice, ["E1", "E2", "S1", "full"], evidence=True)
+    assert [a.p for a in answers] == [pytest.approx(p) for p in (0.25, 0.6, 0.4, 0.75)]
+    assert [a.where for a in answers] == [(), ((1, 1.0),), (), ()]  # E2: S2; E1: none
     assert json.loads(json.dumps(body))["object"] == "chat.completion"
 
 
 def test_an_answer_is_read_after_the_exact_restatement_not_a_colon_inside_the_step():
-    """`E1. note: no refund: yes`: the step's own "note: no" is not its answer."""
+    """`S1. note: no refund: yes`: the step's own "note: no" is not its answer."""
     from stepwatch.evaluator.judge.answers import read_answers
 
-    line = "E1. note: no refund"
-    choice = completion_for(["E1. note", "order"], [0.1, 0.8])["choices"][0]  # tokens for "E1. note:" " no"
+    line = "S1. note: no refund"
+    choice = completion_for(["S1. note", "full"], [0.1, 0.8])["choices"][0]  # tokens for "S1. note:" " no"
     content = choice["logprobs"]["content"]
     restated = [
         {**content[1], "token": " refund:"},
         *completion_for([line], [0.9])["choices"][0]["logprobs"]["content"][1:],
     ]
     choice["logprobs"]["content"] = [content[0], content[1], *restated, *content[2:]]
-    choice["message"]["content"] = f"{line}: yes\norder: yes"
-    [first, order] = read_answers(choice, ["E1", "order"], lines=[line, "order"])
+    choice["message"]["content"] = f"{line}: yes\nfull: yes"
+    [first, order] = read_answers(choice, ["S1", "full"], lines=[line, "full"])
     assert first.p == pytest.approx(0.9) and order.p == pytest.approx(0.8)
+
+
+def test_order_is_the_probability_that_the_named_steps_never_go_backwards():
+    from stepwatch.evaluator.judge.answers import order_from_positions
+
+    def at(*where: tuple[int, float], p: float = 0.9) -> Answer:
+        return Answer(p, "logprobs", tuple(where))
+
+    assert order_from_positions([at((0, 1.0)), at((1, 1.0))]).p == pytest.approx(1.0)
+    assert order_from_positions([at((1, 1.0)), at((0, 1.0))]).p == pytest.approx(0.0)  # swapped
+    assert order_from_positions([at((1, 1.0)), at((1, 1.0))]).p == pytest.approx(1.0)  # one step, both
+    # E1 at S1 (0.9) or S2 (0.1), E2 at S1 (0.2) or S2 (0.8): P(E2 not before E1) = 0.9 + 0.1 * 0.8
+    soft = order_from_positions([at((0, 0.9), (1, 0.1)), at((0, 0.2), (1, 0.8))])
+    assert soft.p == pytest.approx(0.98) and soft.source == "positions"
+    # a step judged not performed places nothing; nothing placed is no evidence either way
+    assert order_from_positions([at((1, 1.0)), at((0, 1.0), p=0.3)]).p == pytest.approx(1.0)
+    assert order_from_positions([Answer(0.1, "logprobs")]).p == 0.5
+    assert (
+        order_from_positions([at((1, 1.0)), Answer(1.0, "answer_text", ((0, 1.0),))]).source == "answer_text"
+    )
+
+
+def test_an_evidence_answer_reads_only_candidates_that_continue_the_written_text():
+    """After `E1: ` (the space already written) the raw top_logprobs still list ` S`, which the
+    grammar would never admit there; p(performed) is read from `S` vs `none` alone."""
+    from stepwatch.evaluator.judge.answers import read_answers
+
+    def entry(token: str, top: list[tuple[str, float]]) -> dict[str, Any]:
+        return {
+            "token": token,
+            "logprob": 0.0,
+            "top_logprobs": [{"token": t, "logprob": math.log(q)} for t, q in top],
+        }
+
+    content = [
+        entry("E1:", [("E1:", 1.0)]),
+        entry(" ", [(" ", 1.0)]),
+        entry("S", [(" S", 0.9), ("S", 0.06), ("none", 0.02), (" none", 0.02)]),
+        entry("3", [("3", 0.7), ("1", 0.2), ("2", 0.1)]),
+    ]
+    choice = {"message": {"content": "E1: S3"}, "logprobs": {"content": content}}
+    [answer] = read_answers(choice, ["E1"], evidence=True)
+    assert answer.p == pytest.approx(0.06 / 0.08) and answer.source == "logprobs"
+    assert answer.where == ((0, pytest.approx(0.2)), (1, pytest.approx(0.1)), (2, pytest.approx(0.7)))
+
+
+async def test_steps_named_out_of_order_give_a_low_order_answer(fake):
+    def swapped(body: dict, n: int) -> dict[str, Any]:  # E1 done by S2, E2 by S1, E3 by none
+        lines = form_lines(body)
+        completion = completion_for(lines, [0.9, 0.9, 0.1])
+        content = completion["choices"][0]["logprobs"]["content"]
+        digits = [entry for entry in content if entry["token"] in ("1", "2")]
+        for entry, step in zip(digits, ("2", "1"), strict=True):
+            entry["token"] = step
+            entry["top_logprobs"] = [{"token": step, "logprob": 0.0}]
+        return completion
+
+    server = await fake(swapped)
+    judge = judge_for(server)
+    try:
+        answers = await judge.ask(refund_batch())
+    finally:
+        await judge.aclose()
+    assert [a.where for a in answers[:3]] == [((1, 1.0),), ((0, 1.0),), ()]
+    assert answers[3].p == pytest.approx(0.0) and answers[3].source == "positions"
+
+
+def test_a_yes_then_step_answer_reads_p_from_yes_and_the_position_from_the_step_after_it():
+    from stepwatch.evaluator.judge.answers import read_answers
+
+    def entry(token: str, top: list[tuple[str, float]]) -> dict[str, Any]:
+        return {
+            "token": token,
+            "logprob": 0.0,
+            "top_logprobs": [{"token": t, "logprob": math.log(q)} for t, q in top],
+        }
+
+    content = [
+        entry("E1. pay:", [("E1. pay:", 1.0)]),
+        entry(" yes", [(" yes", 0.7), (" no", 0.3)]),
+        entry(" S", [(" S", 1.0)]),
+        entry("2", [("2", 0.8), ("1", 0.2)]),
+        entry("\n", [("\n", 1.0)]),
+        entry("E2. ship:", [("E2. ship:", 1.0)]),
+        entry(" no", [(" yes", 0.1), (" no", 0.9)]),
+    ]
+    choice = {"message": {"content": "E1. pay: yes S2\nE2. ship: no"}, "logprobs": {"content": content}}
+    first, second = read_answers(choice, ["E1", "E2"], lines=["E1. pay", "E2. ship"], evidence=True)
+    assert first.p == pytest.approx(0.7) and first.where == ((0, pytest.approx(0.2)), (1, pytest.approx(0.8)))
+    assert second.p == pytest.approx(0.1) and second.where == ()
+    del choice["logprobs"]  # from the text alone
+    first, second = read_answers(choice, ["E1", "E2"], evidence=True)
+    assert (first.p, first.source, first.where, second.p) == (1.0, "answer_text", ((1, 1.0),), 0.0)

@@ -1,9 +1,14 @@
 """The judge scorers against a real model server: llama-cpp-python's OpenAI-compatible server
 serving Qwen2.5-Coder-0.5B-Instruct Q4_K_M (tests/judge/llama_fixture.py; `make test` builds and
-caches both under .cache/judge/). Few and fast: one server for the module, a handful of requests.
-The fake server (fake_openai.py) covers the failure modes; this covers what only a real model
-shows: the wire format of a real server's logprobs, grammar-constrained answer lines, real
-probabilities, and `stepwatch score` end to end as docs/judges.md shows it.
+caches both under .cache/judge/). Few and fast: one server for the session (conftest.py
+`llama_server`), four requests. The fake server (fake_openai.py) covers the failure modes; this
+covers what only a real model shows: the wire format of a real server's logprobs,
+grammar-constrained answer lines, real probabilities, and `stepwatch score` end to end as
+docs/judges.md shows it.
+
+CPU cost is the prompt: ~900 tokens of system prompt and worked examples. The trajectory_steps
+tests send the same trajectory one after the other, so the second finds that prefix in the
+server's cache and only pays for its few answer tokens; the plan test (other examples) runs last.
 """
 
 from __future__ import annotations
@@ -11,7 +16,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,10 +43,9 @@ OBVIOUS = {
 }
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[LlamaServer]:
-    with LlamaServer(CI_MODEL) as running:
-        yield running
+@pytest.fixture
+def server(llama_server: LlamaServer) -> LlamaServer:
+    return llama_server
 
 
 DEADLINE_S = 600.0  # CPU inference on a shared 2-core runner: seconds to a minute per request
@@ -67,32 +70,21 @@ async def test_one_request_per_trajectory_with_probabilities_from_real_logprobs(
         await judge.aclose()
     assert result.score is not None, result.not_scored
     assert judge.stats.requests == {"ok": 1}  # 3 step questions + order: one request
-    assert judge.stats.snapshot()["answers"] == {"logprobs": 4}
+    # 3 answers read from the answer tokens' logprobs; the order answer computed from the steps named
+    assert judge.stats.snapshot()["answers"] == {"logprobs": 3, "positions": 1}
     rows = result.metadata["details"]
     assert {row["probability_source"] for row in rows} == {"logprobs"}
     assert all(0.0 < row["probability"] < 1.0 for row in rows)  # read from logprobs, not a verdict
-    # Qwen2.5-Coder-0.5B leans to "yes" (measured: 0.74, 0.7x, 0.52), so only what it reliably
-    # shows is asserted: the step nothing in the trajectory does gets the lowest p(yes).
-    # Accuracy is the 1.5B model's job, measured by bench/bench_judge.py (docs/judges.md).
-    p = [row["probability"] for row in rows]
-    assert p[2] < min(p[0], p[1]), rows
+    # Accuracy is the 1.5B model's job, measured by bench/bench_judge.py (docs/judges.md). The
+    # 0.5B is asserted only on what it reliably shows: the two steps the agent did are named at
+    # their own agent steps, S1 and S2. It does not reliably give the undone step the lowest p:
+    # with prompt stepwatch-judge-5 it says yes to "book a flight to Paris" (measured 0.755,
+    # named at S1, vs 0.740 and 0.883 for the done steps), so that is not asserted here.
+    assert [row.get("evidence_index") for row in rows[:2]] == [0, 1], rows
+    assert result.metadata["p_order_source"] == "positions" and 0.0 <= result.metadata["p_order"] <= 1.0
     assert result.metadata["judge_prompt"] == prompt_file().version
+    # ~1,100 prompt tokens; answer tokens: `E1. look up the order: yes S1` lines, ~10-12 each
     assert judge.stats.input_tokens > 300 and 0 < judge.stats.output_tokens <= 60
-
-
-async def test_plan_adherence_asks_one_request_per_plan_step(server, tokyo_trace, make_trace_input):
-    plan = "For Tokyo: research the destination, then check flight options."
-    judge = judge_for(server)
-    try:
-        inp = make_trace_input(tokyo_trace, Expectation(expected_plan=plan))
-        result = await PlanAdherenceScorer(runner_for(judge)).score(inp)
-    finally:
-        await judge.aclose()
-    assert result.score is not None, result.not_scored
-    assert judge.stats.requests == {"ok": 2}  # K = 2 plan steps; was K x (N + 1) = 6
-    assert judge.stats.snapshot()["answers"] == {"logprobs": 2 * 3}  # N = 2 steps + full, per plan step
-    assert result.metadata["answers_without_logprobs"] == 0
-    assert 0 <= result.score <= 100
 
 
 def test_stepwatch_score_against_the_real_server_as_the_docs_show(server, tmp_path):
@@ -128,4 +120,20 @@ def test_stepwatch_score_against_the_real_server_as_the_docs_show(server, tmp_pa
     assert refund["metadata"]["judge_prompt"] == prompt_file().version
     rows = refund["metadata"]["details"]
     assert [row["probability_source"] for row in rows] == ["logprobs"] * 3
+    assert refund["metadata"]["p_order_source"] == "positions"
     assert 0 <= refund["score"] <= 1 and refund["label"].endswith("% yes")
+
+
+async def test_plan_adherence_asks_one_request_per_plan_step(server, tokyo_trace, make_trace_input):
+    plan = "For Tokyo: research the destination, then check flight options."
+    judge = judge_for(server)
+    try:
+        inp = make_trace_input(tokyo_trace, Expectation(expected_plan=plan))
+        result = await PlanAdherenceScorer(runner_for(judge)).score(inp)
+    finally:
+        await judge.aclose()
+    assert result.score is not None, result.not_scored
+    assert judge.stats.requests == {"ok": 2}  # K = 2 plan steps; was K x (N + 1) = 6
+    assert judge.stats.snapshot()["answers"] == {"logprobs": 2 * 3}  # N = 2 steps + full, per plan step
+    assert result.metadata["answers_without_logprobs"] == 0
+    assert 0 <= result.score <= 100

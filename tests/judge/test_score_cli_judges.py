@@ -88,7 +88,7 @@ def fake_openai() -> Iterator[tuple[str, list[dict]]]:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             received.append(body)
             lines = form_lines(body)
-            p_yes = [0.03 if "notify customer" in line else 0.97 for line in lines]
+            p_yes = [0.03 if line.startswith("E3") else 0.97 for line in lines]  # E3: notify customer
             answer = completion_for(lines, p_yes, usage=(50, 20))
             raw = json.dumps(answer).encode()
             self.send_response(200)
@@ -142,5 +142,5 @@ def test_openai_judge_from_the_cli(tmp_path, tokyo_trace, capsys, fake_openai, m
     assert got["tokyo-inline"]["trajectory_steps"]["error"].startswith("no expected_trajectory")
     assert code == 1
     result = got["refund"]["trajectory_steps"]
-    assert result["score"] == pytest.approx((0.97 + 0.97 + 0.03) / 3 * (0.7 + 0.3 * 0.97), abs=1e-3)
+    assert result["score"] == pytest.approx((0.97 + 0.97 + 0.03) / 3 * (0.7 + 0.3 * 1.0), abs=1e-3)
     assert len(received) == 1 and all(body["model"] == "m" for body in received)  # one per trajectory

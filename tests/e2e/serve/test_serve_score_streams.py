@@ -620,9 +620,10 @@ async def test_a_slow_remote_judge_never_holds_up_receivers_or_other_partitions(
     (steps,) = [r for r in event.results if r.metric == "trajectory_steps"]
     assert steps.score is not None and steps.score > 0.9 and steps.passed
     assert {r.metric for r in event.results} >= {"trajectory.step_count", "trajectory_steps"}  # one event
-    # one request for the trajectory's two step questions and its order question
+    # one request for the trajectory's two step questions; the order answer is computed from them
     assert total(samples, "stepwatch_judge_requests_total", backend="openai", outcome="ok") == 1
-    assert total(samples, "stepwatch_judge_answers_total", backend="openai", source="logprobs") == 3
+    assert total(samples, "stepwatch_judge_answers_total", backend="openai", source="logprobs") == 2
+    assert total(samples, "stepwatch_judge_answers_total", backend="openai", source="positions") == 1
     assert total(samples, "stepwatch_judge_tokens_total", backend="openai", direction="input") == 40
     assert total(samples, "stepwatch_judge_cost_usd_total", backend="openai") == pytest.approx(0.04)
     assert total(samples, "stepwatch_evaluations_total", metric="trajectory_steps", outcome="pass") == 1
