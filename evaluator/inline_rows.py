@@ -5,15 +5,14 @@ OpenInference span list. The span-list decoder is passed in (the evaluator impor
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .expectations.expectation import Expectation
 from .model import Partition, Span
 from .partitioning import build_partition
-from .pipeline import build_scoring_input, run_async_scorers
-from .results import ScoreResult
-from .scorers.base import Scorer, ScoringInput
+from .pipeline import build_scoring_input
+from .scorers.base import ScoringInput
 from .trajectory import Trajectory
 
 INLINE_FIELDS = ("trajectory", "expected_trajectory", "input", "expected_plan")
@@ -48,14 +47,3 @@ def inline_scoring_input(
         else None,
         extras=extras,
     )
-
-
-async def score_inline_row(
-    row: Mapping[str, Any],
-    expectation: Expectation | None,
-    scorers: Sequence[Scorer],
-    decode_spans: DecodeSpans,
-    row_id: str,
-) -> list[ScoreResult]:
-    """Run sync and judge scorers on one inline row (the CLI calls this under asyncio.run)."""
-    return await run_async_scorers(inline_scoring_input(row, expectation, decode_spans, row_id), scorers)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from stepwatch.evaluator.expectations.expectation import Expectation
-from stepwatch.evaluator.inline_rows import has_inline_fields, score_inline_row
+from stepwatch.evaluator.inline_rows import has_inline_fields, inline_scoring_input
 from stepwatch.evaluator.judge.runner import JudgeRunner
+from stepwatch.evaluator.pipeline import run_async_scorers
 from stepwatch.evaluator.scorers.judge_registration import judge_scorer_entries
 from stepwatch.evaluator.scorers.registry import ScorerRegistry
 from stepwatch.loaders.openinference_json import decode_openinference
@@ -27,14 +28,14 @@ async def test_inline_trajectory_row_scores_trajectory_steps():
     }
     assert has_inline_fields(row)
     scorer = registry().create("trajectory_steps")
-    [result] = await score_inline_row(row, None, [scorer], decode, "refund")
+    [result] = await run_async_scorers(inline_scoring_input(row, None, decode, "refund"), [scorer])
     assert result.label == "64% yes" and result.metadata["missing_steps"] == ["notify customer"]
 
 
 async def test_inline_openinference_trace_scores_plan_adherence(tokyo_trace):
     row = {"id": "tokyo", "trace": tokyo_trace, "expected_plan": "Research the destination; check flights."}
     scorers = [registry().create("plan_adherence"), registry().create("trajectory.step_count")]
-    results = await score_inline_row(row, None, scorers, decode, "tokyo")
+    results = await run_async_scorers(inline_scoring_input(row, None, decode, "tokyo"), scorers)
     by_metric = {r.metric: r for r in results}
     assert by_metric["plan_adherence"].metadata["plan_steps"] == {
         0: "Research the destination",

@@ -419,23 +419,25 @@ def test_order_is_the_probability_that_the_named_steps_never_go_backwards():
     )
 
 
+def logprob_entry(token: str, top: list[tuple[str, float]]) -> dict[str, Any]:
+    """One completion token as llama.cpp's server reports it, with its top_logprobs."""
+    return {
+        "token": token,
+        "logprob": 0.0,
+        "top_logprobs": [{"token": t, "logprob": math.log(q)} for t, q in top],
+    }
+
+
 def test_an_evidence_answer_reads_only_candidates_that_continue_the_written_text():
     """After `E1: ` (the space already written) the raw top_logprobs still list ` S`, which the
     grammar would never admit there; p(performed) is read from `S` vs `none` alone."""
     from stepwatch.evaluator.judge.answers import read_answers
 
-    def entry(token: str, top: list[tuple[str, float]]) -> dict[str, Any]:
-        return {
-            "token": token,
-            "logprob": 0.0,
-            "top_logprobs": [{"token": t, "logprob": math.log(q)} for t, q in top],
-        }
-
     content = [
-        entry("E1:", [("E1:", 1.0)]),
-        entry(" ", [(" ", 1.0)]),
-        entry("S", [(" S", 0.9), ("S", 0.06), ("none", 0.02), (" none", 0.02)]),
-        entry("3", [("3", 0.7), ("1", 0.2), ("2", 0.1)]),
+        logprob_entry("E1:", [("E1:", 1.0)]),
+        logprob_entry(" ", [(" ", 1.0)]),
+        logprob_entry("S", [(" S", 0.9), ("S", 0.06), ("none", 0.02), (" none", 0.02)]),
+        logprob_entry("3", [("3", 0.7), ("1", 0.2), ("2", 0.1)]),
     ]
     choice = {"message": {"content": "E1: S3"}, "logprobs": {"content": content}}
     [answer] = read_answers(choice, ["E1"], evidence=True)
@@ -467,21 +469,14 @@ async def test_steps_named_out_of_order_give_a_low_order_answer(fake):
 def test_a_yes_then_step_answer_reads_p_from_yes_and_the_position_from_the_step_after_it():
     from stepwatch.evaluator.judge.answers import read_answers
 
-    def entry(token: str, top: list[tuple[str, float]]) -> dict[str, Any]:
-        return {
-            "token": token,
-            "logprob": 0.0,
-            "top_logprobs": [{"token": t, "logprob": math.log(q)} for t, q in top],
-        }
-
     content = [
-        entry("E1. pay:", [("E1. pay:", 1.0)]),
-        entry(" yes", [(" yes", 0.7), (" no", 0.3)]),
-        entry(" S", [(" S", 1.0)]),
-        entry("2", [("2", 0.8), ("1", 0.2)]),
-        entry("\n", [("\n", 1.0)]),
-        entry("E2. ship:", [("E2. ship:", 1.0)]),
-        entry(" no", [(" yes", 0.1), (" no", 0.9)]),
+        logprob_entry("E1. pay:", [("E1. pay:", 1.0)]),
+        logprob_entry(" yes", [(" yes", 0.7), (" no", 0.3)]),
+        logprob_entry(" S", [(" S", 1.0)]),
+        logprob_entry("2", [("2", 0.8), ("1", 0.2)]),
+        logprob_entry("\n", [("\n", 1.0)]),
+        logprob_entry("E2. ship:", [("E2. ship:", 1.0)]),
+        logprob_entry(" no", [(" yes", 0.1), (" no", 0.9)]),
     ]
     choice = {"message": {"content": "E1. pay: yes S2\nE2. ship: no"}, "logprobs": {"content": content}}
     first, second = read_answers(choice, ["E1", "E2"], lines=["E1. pay", "E2. ship"], evidence=True)
