@@ -13,7 +13,7 @@ from stepwatch.evaluator.accounting import SpanAccounting
 from stepwatch.evaluator.buffer import PartitionBuffer
 
 from .codec.encodings import Encoding
-from .http_server import BadRequest, request_from_json
+from .codec.otlp_json_request import BadRequest, request_from_json
 from .ingest import Ingestor, OtlpRequest
 from .kafka_ingest import IngestedMessage, TopicPartition
 from .rejections import Rejection, RejectionLog

@@ -15,7 +15,7 @@ from stepwatch.evaluator.expectations.store import ExpectationsError, parse_expe
 from stepwatch.loaders.files import LoadError, load_bytes
 from stepwatch.receiver.codec.decoded import DecodeError
 from stepwatch.receiver.codec.otlp_json import decode_json_bytes
-from stepwatch.receiver.http_server import BadRequest, request_from_json
+from stepwatch.receiver.codec.otlp_json_request import BadRequest, request_from_json
 
 DEEP_ARRAY = b"[" * 100_000 + b"]" * 100_000
 DEEP_ANY_VALUE = (
