@@ -324,6 +324,7 @@ class Service:
             annotate=self._stream_attributes,
             limit_exceeded=self.limit_meter.exceeded,
             judge_runner=self.judge_runner,
+            observe=spancore.observer(),
         )
         self._sweeper: asyncio.Task[None] | None = None
         self._started = False

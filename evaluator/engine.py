@@ -30,6 +30,7 @@ from .model import Partition, Span
 from .partitioning import build_partition
 from .pipeline import (
     AttributeSelection,
+    Observe,
     build_scoring_input,
     is_async_scorer,
     reads_span_attributes,
@@ -102,10 +103,14 @@ def guarded_scorers(scorers: Sequence[Scorer], reason: str | None) -> tuple[list
 
 
 def evaluate(
-    partition: Partition, expectation: Expectation | None, scorers: Sequence[Scorer], guard: Guard
+    partition: Partition,
+    expectation: Expectation | None,
+    scorers: Sequence[Scorer],
+    guard: Guard,
+    observe: Observe | None = None,
 ) -> Evaluation:
     """The one scoring step of serve and score: input, guard, the sync scorers now, async left."""
-    inp = build_scoring_input(partition, expectation)
+    inp = build_scoring_input(partition, expectation, observe=observe)
     # alignment too large for the shared worker: those scorers are not_scored, the rest run
     run, skipped = guarded_scorers(scorers, guard(inp))
     sync = [s for s in run if not is_async_scorer(s)]
@@ -143,8 +148,10 @@ class EvaluationEngine:
         annotate: Callable[[Partition], dict[str, str]] = lambda partition: {},
         limit_exceeded: Callable[[str], None] = lambda limit: None,
         judge_runner: JudgeRunner | None = None,
+        observe: Observe | None = None,
     ) -> None:
         self.buffer = buffer
+        self._observe = observe
         self.scorers = scorers
         self.accounting = accounting
         self.backlog = backlog
@@ -375,7 +382,9 @@ class EvaluationEngine:
         store: ExpectationsStore,
         tenant: str,
     ) -> _Scored:
-        done = evaluate(partition, expectation, self.scorers.scorers_for(expectation), self._guard)
+        done = evaluate(
+            partition, expectation, self.scorers.scorers_for(expectation), self._guard, self._observe
+        )
         acc = self.accounting
         with acc.scoring_lock:
             if closed.revision == 0:

@@ -19,14 +19,14 @@ import asyncio
 import functools
 import inspect
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import FunctionType, MethodType
 from typing import Any
 
 from .expectations.expectation import Expectation, ExpectedStep, ScoringMethod
 from .expectations.expected_steps import expected_steps_shape
-from .model import Partition
+from .model import Partition, Span, Step
 from .partitioning import EXPECTED_STEPS_ATTRIBUTE, SESSION_ID_ATTRIBUTES, root_spans
 from .results import ScoreResult
 from .scorers.base import Scorer, ScoringInput
@@ -38,6 +38,7 @@ from .steps import (
     ToolIO,
     extract_steps_from_spans,
 )
+from .trajectory import Trajectory
 from .trajectory_build import FINAL_ANSWER_ATTRIBUTES, TRAJECTORY_ATTRIBUTES, build_trajectory_from_spans
 
 STEP_ACCURACY = "agent.step_accuracy"
@@ -75,11 +76,18 @@ def resolve_expected_steps(
     return None, None
 
 
+Observe = Callable[[list[Span]], tuple[list[Step], Trajectory] | None]
+"""The observed steps and trajectory of a partition's spans, exactly as extract_steps_from_spans
+and build_trajectory_from_spans give them, or None to leave it to them: the composition root's
+faster native one (the evaluator imports nothing native)."""
+
+
 def build_scoring_input(
     partition: Partition,
     expectation: Expectation | None,
     scoring_method_override: ScoringMethod | None = None,
     extras: Mapping[str, object] | None = None,
+    observe: Observe | None = None,
 ) -> ScoringInput:
     """Everything the scorers read about one closed partition, built once."""
     expected_steps, error = resolve_expected_steps(partition, expectation)
@@ -89,12 +97,18 @@ def build_scoring_input(
     all_extras: dict[str, object] = dict(extras or {})
     if error is not None:
         all_extras[EXPECTED_STEPS_ERROR] = error
-    io: ToolIO = {}  # each tool span's input/output JSON parsed once for steps and trajectory
-    roots = root_spans(partition.spans)  # once for both
+    observed = observe(partition.spans) if observe is not None else None
+    if observed is None:
+        io: ToolIO = {}  # each tool span's input/output JSON parsed once for steps and trajectory
+        roots = root_spans(partition.spans)  # once for both
+        observed = (
+            extract_steps_from_spans(partition.spans, io, roots),
+            build_trajectory_from_spans(partition.spans, io, roots),
+        )
     return ScoringInput(
         partition=partition,
-        steps=extract_steps_from_spans(partition.spans, io, roots),
-        trajectory=build_trajectory_from_spans(partition.spans, io, roots),
+        steps=observed[0],
+        trajectory=observed[1],
         expectation=expectation,
         expected_steps=expected_steps,
         scoring_method=method,

@@ -175,7 +175,7 @@ def embedded_tool_calls(span: Span) -> list[EmbeddedCall]:
             )
     messages = attributes.get(GENAI_OUTPUT_MESSAGES)
     if messages is not None:
-        calls.extend(_genai_tool_calls(messages))
+        calls.extend(genai_tool_calls(messages))
     return calls
 
 
@@ -203,7 +203,8 @@ def _oi_tool_call_keys(keys: tuple[str, ...]) -> tuple[_OiCallKeys, ...]:
     )
 
 
-def _genai_tool_calls(messages: Any) -> list[EmbeddedCall]:
+def genai_tool_calls(messages: Any) -> list[EmbeddedCall]:
+    """The tool calls of a GenAI `gen_ai.output.messages` value (a JSON string or its parsed list)."""
     if isinstance(messages, str):
         try:
             messages = json.loads(messages)

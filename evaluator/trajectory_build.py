@@ -127,17 +127,29 @@ def build_trajectory_from_spans(
         steps.append(new_trajectory_step(tool_step_name(span), step_input, step_output))
     if roots is None:
         roots = root_spans(spans)
+    return new_trajectory(
+        steps,
+        _last_answer(sort_spans(roots) if len(roots) > 1 else roots),
+        input_tokens,
+        output_tokens,
+        None if first_start is None or last_end is None else max(0, last_end - first_start),
+    )
+
+
+def new_trajectory(
+    steps: list[TrajectoryStep],
+    final_output: str | None,
+    input_tokens: int,
+    output_tokens: int,
+    latency_ns: int | None,
+) -> Trajectory:
+    """The Trajectory of these values, built without validation (each is already of its type)."""
     usage = construct(
         TokenUsage, {"input_tokens": input_tokens, "output_tokens": output_tokens}, _TOKEN_FIELDS
     )
     return construct(
         Trajectory,
-        {
-            "steps": steps,
-            "final_output": _last_answer(sort_spans(roots) if len(roots) > 1 else roots),
-            "token_usage": usage,
-            "latency_ns": None if first_start is None or last_end is None else max(0, last_end - first_start),
-        },
+        {"steps": steps, "final_output": final_output, "token_usage": usage, "latency_ns": latency_ns},
         _TRAJECTORY_FIELDS,
     )
 

@@ -13,6 +13,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PySet, PyString, PyTuple};
 pub mod align;
 pub mod index;
 pub mod lean;
+pub mod observe;
 pub mod validate;
 pub mod wire;
 
@@ -529,6 +530,27 @@ fn bare_rows(same: Vec<(i64, i64)>, obs: Vec<i64>) -> Vec<Vec<i64>> {
     align::bare_rows(&same, &obs)
 }
 
+/// evaluator/pipeline.py's steps and trajectory of a partition's canonical spans (native/src/
+/// observe.rs): (steps, trajectory steps, input tokens, output tokens, latency ns, final answer),
+/// or None where the Python reference must decide. `hooks`: (unwrap_json, genai_tool_calls,
+/// normalise_tool_name, new_step, new_trajectory_step, json.dumps).
+#[pyfunction(name = "observe")]
+fn observe_spans<'py>(
+    spans: &Bound<'py, PyList>,
+    hooks: (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>),
+) -> Option<observe::Observed<'py>> {
+    let (unwrap_json, genai_tool_calls, normalise_tool_name, new_step, new_trajectory_step, json_dumps) = hooks;
+    let hooks = observe::Hooks {
+        unwrap_json,
+        genai_tool_calls,
+        normalise_tool_name,
+        new_step,
+        new_trajectory_step,
+        json_dumps,
+    };
+    observe::observe(spans, &hooks).ok()
+}
+
 /// `zlib.crc32(data, value)` (CRC-32/IEEE, continued from `value`), with the CPU's carry-less
 /// multiply where it has one (several times zlib's speed on the write-ahead log's records).
 #[pyfunction]
@@ -545,9 +567,10 @@ fn _spancore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_spans, m)?)?;
     m.add_function(wrap_pyfunction!(bare_rows, m)?)?;
     m.add_function(wrap_pyfunction!(crc32, m)?)?;
+    m.add_function(wrap_pyfunction!(observe_spans, m)?)?;
     m.add_class::<Selector>()?;
     m.add_class::<RequestSchema>()?;
-    m.add("ABI_VERSION", 2)?;
+    m.add("ABI_VERSION", 3)?;
     m.add("SPAN_FIELDS", FIELDS.to_vec())?;
     Ok(())
 }

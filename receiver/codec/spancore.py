@@ -7,8 +7,9 @@ was never built, a platform without a wheel, or STEPWATCH_NATIVE=0), the pure-Py
 instead with identical results (tests/native); `stepwatch serve` logs which at start-up, and
 STEPWATCH_NATIVE=1 turns a missing extension into an ImportError at start-up instead.
 
-`bare_rows` is evaluator/scorers/alignment.py's DP rows, which the composition root hands to the
-step-accuracy scorer (the evaluator imports nothing from here).
+`bare_rows` (evaluator/scorers/alignment.py's DP rows) and `observer` (evaluator/pipeline.py's steps
+and trajectory of a partition's spans) are evaluator work the composition root hands to the
+evaluator (which imports nothing from here).
 
 Each function returns None where the Python path must decide (bytes the native reader does not
 handle, a Python callback that raised): the callers then run the pure-Python code, which gives
@@ -17,6 +18,7 @@ today's results and errors. `FALLBACKS` counts those by function.
 
 from __future__ import annotations
 
+import json
 import os
 import zlib
 from collections import Counter
@@ -28,10 +30,14 @@ from typing import Any
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from stepwatch.evaluator.buffer import SpanRecord
-from stepwatch.evaluator.pipeline import AttributeSelection
+from stepwatch.evaluator.model import Span, Step, new_step, normalise_tool_name
+from stepwatch.evaluator.pipeline import AttributeSelection, Observe
 from stepwatch.evaluator.scorers.alignment import BareRows
+from stepwatch.evaluator.steps import genai_tool_calls, unwrap_json
+from stepwatch.evaluator.trajectory import Trajectory
+from stepwatch.evaluator.trajectory_build import new_trajectory, new_trajectory_step
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 """The interface version this binding speaks; an extension built for another one is not used."""
 ENV = "STEPWATCH_NATIVE"
 
@@ -144,6 +150,26 @@ def bare_rows() -> BareRows | None:
     """The native `alignment.bare_rows` (the same rows), for the composition root to inject; None
     without the extension."""
     return _core.bare_rows if _core is not None else None  # type: ignore[no-any-return]
+
+
+def observer() -> Observe | None:
+    """The native `Observe` (native/src/observe.rs: extract_steps_from_spans and
+    build_trajectory_from_spans in one pass, the same values), for the composition root to inject;
+    None without the extension."""
+    if _core is None:
+        return None
+    native = _core.observe
+    hooks = (unwrap_json, genai_tool_calls, normalise_tool_name, new_step, new_trajectory_step, json.dumps)
+
+    def observe(spans: list[Span]) -> tuple[list[Step], Trajectory] | None:
+        found = native(spans if type(spans) is list else list(spans), hooks)
+        if found is None:
+            FALLBACKS["observe"] += 1
+            return None
+        steps, trajectory_steps, input_tokens, output_tokens, latency_ns, final_output = found
+        return steps, new_trajectory(trajectory_steps, final_output, input_tokens, output_tokens, latency_ns)
+
+    return observe
 
 
 crc32: Callable[[bytes, int], int] = _core.crc32 if _core is not None else zlib.crc32
