@@ -57,7 +57,7 @@ def tool_name(span: Span) -> str:
     return tool_step_name(span)
 
 
-_STEP_FIELDS = {"tool", "input", "output"}
+STEP_FIELDS_SET = {"tool", "input", "output"}
 """Shared by every TrajectoryStep built here, as otlp_proto.new_span shares its set: pydantic copies
 it before any update (model_copy), nothing else mutates it."""
 
@@ -66,7 +66,7 @@ def new_trajectory_step(tool: str, step_input: Any, step_output: Any) -> Traject
     """`TrajectoryStep.model_construct(tool=..., input=..., output=...)` without its per-field
     default and alias handling (~3 us a step): tool is a str, input/output are Any, nothing to check."""
     return construct(
-        TrajectoryStep, {"tool": tool, "input": step_input, "output": step_output}, _STEP_FIELDS, {}
+        TrajectoryStep, {"tool": tool, "input": step_input, "output": step_output}, STEP_FIELDS_SET, {}
     )
 
 

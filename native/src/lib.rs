@@ -257,12 +257,7 @@ fn simple_value<'py>(py: Python<'py>, value: Simple<'_>) -> PyResult<Bound<'py, 
 /// __pydantic_extra__ = None, __pydantic_private__ = None), without two Python frames per span.
 struct Maker<'py> {
     make: Bound<'py, PyAny>,
-    model: Option<(
-        Bound<'py, PyAny>,
-        Bound<'py, PyAny>,
-        Bound<'py, PyAny>,
-        Bound<'py, PyAny>,
-    )>,
+    model: Option<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)>,
 }
 
 impl<'py> Maker<'py> {
@@ -275,12 +270,7 @@ impl<'py> Maker<'py> {
             None => None,
             Some((cls, fields_set)) => {
                 let object = py.import("builtins")?.getattr("object")?;
-                Some((
-                    cls,
-                    fields_set,
-                    object.getattr("__new__")?,
-                    object.getattr("__setattr__")?,
-                ))
+                Some((cls, fields_set, object.getattr("__new__")?))
             }
         };
         Ok(Maker {
@@ -290,15 +280,16 @@ impl<'py> Maker<'py> {
     }
 
     fn make(&self, fields: Bound<'py, PyDict>) -> PyResult<Bound<'py, PyAny>> {
-        let Some((cls, fields_set, new, set)) = &self.model else {
+        let Some((cls, fields_set, new)) = &self.model else {
             return self.make.call1((fields,));
         };
         let py = fields.py();
         let obj = new.call1((cls,))?;
-        set.call1((&obj, intern!(py, "__dict__"), fields))?;
-        set.call1((&obj, intern!(py, "__pydantic_fields_set__"), fields_set))?;
-        set.call1((&obj, intern!(py, "__pydantic_extra__"), py.None()))?;
-        set.call1((&obj, intern!(py, "__pydantic_private__"), py.None()))?;
+        let none = py.None().into_bound(py);
+        observe::set_field(&obj, intern!(py, "__dict__"), &fields)?;
+        observe::set_field(&obj, intern!(py, "__pydantic_fields_set__"), fields_set)?;
+        observe::set_field(&obj, intern!(py, "__pydantic_extra__"), &none)?;
+        observe::set_field(&obj, intern!(py, "__pydantic_private__"), &none)?;
         Ok(obj)
     }
 }
@@ -533,22 +524,27 @@ fn bare_rows(same: Vec<(i64, i64)>, obs: Vec<i64>) -> Vec<Vec<i64>> {
 /// evaluator/pipeline.py's steps and trajectory of a partition's canonical spans (native/src/
 /// observe.rs): (steps, trajectory steps, input tokens, output tokens, latency ns, final answer),
 /// or None where the Python reference must decide. `hooks`: (unwrap_json, genai_tool_calls,
-/// normalise_tool_name, new_step, new_trajectory_step, json.dumps).
+/// normalise_tool_name, json.dumps); `step`: the Step class; `trajectory_step`: (TrajectoryStep,
+/// the fields set its instances share).
 #[pyfunction(name = "observe")]
 fn observe_spans<'py>(
+    py: Python<'py>,
     spans: &Bound<'py, PyList>,
-    hooks: (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>),
-) -> Option<observe::Observed<'py>> {
-    let (unwrap_json, genai_tool_calls, normalise_tool_name, new_step, new_trajectory_step, json_dumps) = hooks;
+    hooks: (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>),
+    step: Bound<'py, PyAny>,
+    trajectory_step: (Bound<'py, PyAny>, Bound<'py, PyAny>),
+) -> PyResult<Option<observe::Observed<'py>>> {
+    let (unwrap_json, genai_tool_calls, normalise_tool_name, json_dumps) = hooks;
     let hooks = observe::Hooks {
         unwrap_json,
         genai_tool_calls,
         normalise_tool_name,
-        new_step,
-        new_trajectory_step,
+        step,
+        trajectory_step,
         json_dumps,
+        object_new: py.import("builtins")?.getattr("object")?.getattr("__new__")?,
     };
-    observe::observe(spans, &hooks).ok()
+    Ok(observe::observe(spans, &hooks).ok())
 }
 
 /// `zlib.crc32(data, value)` (CRC-32/IEEE, continued from `value`), with the CPU's carry-less

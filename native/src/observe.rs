@@ -30,14 +30,76 @@ impl From<PyErr> for Unhandled {
 
 type Res<T> = Result<T, Unhandled>;
 
-/// The evaluator's Python functions this pass defers to (see the module doc).
+/// The evaluator's Python functions this pass defers to (see the module doc), and the classes it
+/// builds: evaluator.model.Step (slots) and evaluator.trajectory.TrajectoryStep (a pydantic model,
+/// built as evaluator.model.construct builds it).
 pub struct Hooks<'py> {
     pub unwrap_json: Bound<'py, PyAny>,
     pub genai_tool_calls: Bound<'py, PyAny>,
     pub normalise_tool_name: Bound<'py, PyAny>,
-    pub new_step: Bound<'py, PyAny>,
-    pub new_trajectory_step: Bound<'py, PyAny>,
+    pub step: Bound<'py, PyAny>,
+    pub trajectory_step: (Bound<'py, PyAny>, Bound<'py, PyAny>),
     pub json_dumps: Bound<'py, PyAny>,
+    pub object_new: Bound<'py, PyAny>,
+}
+
+/// `object.__setattr__(obj, name, value)`: past a frozen class's own __setattr__, as
+/// evaluator/model.py's construct and new_step set fields.
+pub fn set_field(obj: &Bound<'_, PyAny>, name: &Bound<'_, PyString>, value: &Bound<'_, PyAny>) -> PyResult<()> {
+    // SAFETY: three valid object pointers held by the caller; the GIL is held (Bound).
+    if unsafe { pyo3::ffi::PyObject_GenericSetAttr(obj.as_ptr(), name.as_ptr(), value.as_ptr()) } == -1 {
+        return Err(PyErr::fetch(obj.py()));
+    }
+    Ok(())
+}
+
+impl<'py> Hooks<'py> {
+    /// model.py `new_step(...)`: a Step filled through its slots.
+    #[allow(clippy::too_many_arguments)]
+    fn new_step(
+        &self,
+        name: &Bound<'py, PyAny>,
+        kind: &Bound<'py, PyString>,
+        trace_id: &Bound<'py, PyAny>,
+        span_id: &Bound<'py, PyAny>,
+        start: &Bound<'py, PyAny>,
+        input: &Bound<'py, PyAny>,
+        output: &Bound<'py, PyAny>,
+        round_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = name.py();
+        let step = self.object_new.call1((&self.step,))?;
+        set_field(&step, intern!(py, "name"), name)?;
+        set_field(&step, intern!(py, "kind"), kind)?;
+        set_field(&step, intern!(py, "trace_id"), trace_id)?;
+        set_field(&step, intern!(py, "span_id"), span_id)?;
+        set_field(&step, intern!(py, "start_time_unix_nano"), start)?;
+        set_field(&step, intern!(py, "input"), input)?;
+        set_field(&step, intern!(py, "output"), output)?;
+        set_field(&step, intern!(py, "round_id"), round_id)?;
+        Ok(step)
+    }
+
+    /// trajectory_build.py `new_trajectory_step(tool, input, output)`.
+    fn new_trajectory_step(
+        &self,
+        tool: &Bound<'py, PyAny>,
+        input: &Bound<'py, PyAny>,
+        output: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = tool.py();
+        let (cls, fields_set) = &self.trajectory_step;
+        let fields = PyDict::new(py);
+        fields.set_item(intern!(py, "tool"), tool)?;
+        fields.set_item(intern!(py, "input"), input)?;
+        fields.set_item(intern!(py, "output"), output)?;
+        let step = self.object_new.call1((cls,))?;
+        set_field(&step, intern!(py, "__dict__"), &fields)?;
+        set_field(&step, intern!(py, "__pydantic_fields_set__"), fields_set)?;
+        set_field(&step, intern!(py, "__pydantic_extra__"), &PyDict::new(py))?;
+        set_field(&step, intern!(py, "__pydantic_private__"), &py.None().into_bound(py))?;
+        Ok(step)
+    }
 }
 
 struct View<'py> {
@@ -486,16 +548,16 @@ pub fn observe<'py>(spans: &Bound<'py, PyList>, hooks: &Hooks<'py>) -> Res<Obser
         for (i, calls) in &llm_calls {
             let v = &views[*i];
             for call in calls {
-                steps.append(hooks.new_step.call1((
+                steps.append(hooks.new_step(
                     &call.name_py,
                     tool,
                     &v.trace_py,
                     &v.span_py,
                     &v.start_py,
                     &call.arguments,
-                    py.None(),
+                    &py.None().into_bound(py),
                     &v.span_py,
-                ))?)?;
+                )?)?;
             }
         }
     } else {
@@ -519,9 +581,9 @@ pub fn observe<'py>(spans: &Bound<'py, PyList>, hooks: &Hooks<'py>) -> Res<Obser
                 Some(llm) => views[llm].span_py.clone(),
                 None => py.None().into_bound(py),
             };
-            steps.append(hooks.new_step.call1((
-                name_py, kind_py, &v.trace_py, &v.span_py, &v.start_py, input, output, round_py,
-            ))?)?;
+            steps.append(hooks.new_step(
+                &name_py, kind_py, &v.trace_py, &v.span_py, &v.start_py, &input, &output, &round_py,
+            )?)?;
         }
     }
 
@@ -566,7 +628,7 @@ pub fn observe<'py>(spans: &Bound<'py, PyList>, hooks: &Hooks<'py>) -> Res<Obser
         let v = &views[i];
         let (input, output) = tool_io(v, i, &mut io_cache, hooks)?;
         let (name_py, _) = tool_step_name(v)?;
-        trajectory.append(hooks.new_trajectory_step.call1((name_py, input, output))?)?;
+        trajectory.append(hooks.new_trajectory_step(&name_py, &input, &output)?)?;
     }
     roots.sort_by(|a, b| span_order(&views[*a], &views[*b]));
     let mut answer = py.None().into_bound(py);

@@ -30,12 +30,13 @@ from typing import Any
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from stepwatch.evaluator.buffer import SpanRecord
-from stepwatch.evaluator.model import Span, Step, new_step, normalise_tool_name
+from stepwatch.evaluator.model import Span, Step, normalise_tool_name
 from stepwatch.evaluator.pipeline import AttributeSelection, Observe
 from stepwatch.evaluator.scorers.alignment import BareRows
 from stepwatch.evaluator.steps import genai_tool_calls, unwrap_json
 from stepwatch.evaluator.trajectory import Trajectory
-from stepwatch.evaluator.trajectory_build import new_trajectory, new_trajectory_step
+from stepwatch.evaluator.trajectory import TrajectoryStep
+from stepwatch.evaluator.trajectory_build import STEP_FIELDS_SET, new_trajectory
 
 ABI_VERSION = 3
 """The interface version this binding speaks; an extension built for another one is not used."""
@@ -159,10 +160,11 @@ def observer() -> Observe | None:
     if _core is None:
         return None
     native = _core.observe
-    hooks = (unwrap_json, genai_tool_calls, normalise_tool_name, new_step, new_trajectory_step, json.dumps)
+    hooks = (unwrap_json, genai_tool_calls, normalise_tool_name, json.dumps)
+    trajectory_step = (TrajectoryStep, STEP_FIELDS_SET)
 
     def observe(spans: list[Span]) -> tuple[list[Step], Trajectory] | None:
-        found = native(spans if type(spans) is list else list(spans), hooks)
+        found = native(spans if type(spans) is list else list(spans), hooks, Step, trajectory_step)
         if found is None:
             FALLBACKS["observe"] += 1
             return None
