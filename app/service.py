@@ -325,6 +325,7 @@ class Service:
             limit_exceeded=self.limit_meter.exceeded,
             judge_runner=self.judge_runner,
             observe=spancore.observer(),
+            partition_fields=spancore.partitioner(),
         )
         self._sweeper: asyncio.Task[None] | None = None
         self._started = False

@@ -27,7 +27,7 @@ from .expectations.store import ExpectationsStore
 from .judge.runner import JudgeRunner
 from .ledger import pack_span_ids
 from .model import Partition, Span
-from .partitioning import build_partition
+from .partitioning import PartitionFields, build_partition
 from .pipeline import (
     AttributeSelection,
     Observe,
@@ -149,9 +149,11 @@ class EvaluationEngine:
         limit_exceeded: Callable[[str], None] = lambda limit: None,
         judge_runner: JudgeRunner | None = None,
         observe: Observe | None = None,
+        partition_fields: PartitionFields | None = None,
     ) -> None:
         self.buffer = buffer
         self._observe = observe
+        self._fields = partition_fields
         self.scorers = scorers
         self.accounting = accounting
         self.backlog = backlog
@@ -326,7 +328,7 @@ class EvaluationEngine:
         store = self._expectations(tenant)  # this tenant's own, never another's
         spans = self._decode(closed.records, self._selection(store))
         if closed.needs_routing:
-            partition = build_partition("trace", partition_id, spans, task_key_attributes=keys)
+            partition = build_partition("trace", partition_id, spans, task_key_attributes=keys, fields=self._fields)
             expectation = store.get(partition.task_key)
             if expectation is not None and expectation.partition == "session" and partition.session_id:
                 session_key = tenants.session_key(tenant, partition.session_id)
@@ -340,7 +342,7 @@ class EvaluationEngine:
             self.buffer.route(closed)
         elif closed.partition_type == "session":
             partition = build_partition(
-                "session", partition_id, spans, task_key_attributes=keys, session_id=partition_id
+                "session", partition_id, spans, task_key_attributes=keys, fields=self._fields, session_id=partition_id
             )
             # the session was formed under its first trace's task key; keep scoring it against that
             task_key = closed.task_key or partition.task_key
@@ -348,7 +350,7 @@ class EvaluationEngine:
                 partition = partition.model_copy(update={"task_key": task_key})
             expectation = store.get(task_key)
         else:
-            partition = build_partition("trace", partition_id, spans, task_key_attributes=keys)
+            partition = build_partition("trace", partition_id, spans, task_key_attributes=keys, fields=self._fields)
             expectation = store.get(partition.task_key)
         return self._score(partition, expectation, closed, store, tenant), []
 

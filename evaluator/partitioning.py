@@ -20,7 +20,7 @@ Partition for the same spans.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .model import SCHEMA_NAME, Partition, PartitionType, Span, construct
@@ -103,6 +103,14 @@ def _annotations(roots: Sequence[Span]) -> dict[str, str]:
     return {}
 
 
+PartitionFields = Callable[
+    [list[Span], Sequence[str], bool], tuple[list[Span], str | None, str | None, list[str], str | None] | None
+]
+"""(spans, task key attributes, whether the session id is wanted) -> (spans in span order, task key,
+session id, trace ids, expected-steps annotation), exactly as build_partition derives them, or None
+to leave it to it: the composition root's faster native one (the evaluator imports nothing native)."""
+
+
 def build_partition(
     partition_type: PartitionType,
     partition_id: str,
@@ -110,15 +118,28 @@ def build_partition(
     *,
     task_key_attributes: Sequence[str] = DEFAULT_TASK_KEY_ATTRIBUTES,
     session_id: str | None = None,
+    fields: PartitionFields | None = None,
 ) -> Partition:
     """One Partition from a closed trace or session: spans sorted, task key and annotations set.
 
     For a trace partition `session_id` defaults to the session its spans name (if any).
     """
-    ordered = sort_spans(spans)
-    roots = root_spans(ordered)
+    found = None
+    if fields is not None:
+        spans = spans if type(spans) is list else list(spans)
+        found = fields(spans, task_key_attributes, session_id is None and partition_type != "session")
+    if found is not None:
+        ordered, task_key, named_session, trace_ids, expected_steps = found
+        annotations = {} if expected_steps is None else {"expected_steps": expected_steps}
+    else:
+        ordered = sort_spans(spans)
+        roots = root_spans(ordered)
+        task_key = resolve_task_key(ordered, roots, task_key_attributes)
+        named_session = session_id_of(ordered) if session_id is None and partition_type != "session" else None
+        trace_ids = list(dict.fromkeys([span.trace_id for span in ordered]))
+        annotations = _annotations(roots)
     if session_id is None:
-        session_id = partition_id if partition_type == "session" else session_id_of(ordered)
+        session_id = partition_id if partition_type == "session" else named_session
     # Built without validation (`construct`, ~1.5 us less per partition): the spans are Spans and
     # every other value is made here with its field's type, as `Partition(...)` would store it.
     return construct(
@@ -128,10 +149,10 @@ def build_partition(
             "type": partition_type,
             "id": partition_id,
             "spans": ordered,
-            "task_key": resolve_task_key(ordered, roots, task_key_attributes),
+            "task_key": task_key,
             "session_id": session_id,
-            "trace_ids": list(dict.fromkeys([span.trace_id for span in ordered])),
-            "annotations": _annotations(roots),
+            "trace_ids": trace_ids,
+            "annotations": annotations,
         },
         _PARTITION_FIELDS_SET,
     )

@@ -547,6 +547,18 @@ fn observe_spans<'py>(
     Ok(observe::observe(spans, &hooks).ok())
 }
 
+/// evaluator/partitioning.py `build_partition`'s fields of a partition's spans (native/src/observe.rs
+/// `partition_fields`), or None where the Python reference must decide.
+#[pyfunction]
+fn partition_fields<'py>(
+    spans: &Bound<'py, PyList>,
+    task_key_attributes: Vec<Bound<'py, PyString>>,
+    want_session: bool,
+    json_dumps: &Bound<'py, PyAny>,
+) -> Option<observe::Fields<'py>> {
+    observe::partition_fields(spans, &task_key_attributes, want_session, json_dumps).ok()
+}
+
 /// `zlib.crc32(data, value)` (CRC-32/IEEE, continued from `value`), with the CPU's carry-less
 /// multiply where it has one (several times zlib's speed on the write-ahead log's records).
 #[pyfunction]
@@ -564,6 +576,7 @@ fn _spancore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(bare_rows, m)?)?;
     m.add_function(wrap_pyfunction!(crc32, m)?)?;
     m.add_function(wrap_pyfunction!(observe_spans, m)?)?;
+    m.add_function(wrap_pyfunction!(partition_fields, m)?)?;
     m.add_class::<Selector>()?;
     m.add_class::<RequestSchema>()?;
     m.add("ABI_VERSION", 3)?;

@@ -22,7 +22,7 @@ import json
 import os
 import zlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cache
 from types import ModuleType
 from typing import Any
@@ -31,6 +31,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from stepwatch.evaluator.buffer import SpanRecord
 from stepwatch.evaluator.model import Span, Step, normalise_tool_name
+from stepwatch.evaluator.partitioning import PartitionFields
 from stepwatch.evaluator.pipeline import AttributeSelection, Observe
 from stepwatch.evaluator.scorers.alignment import BareRows
 from stepwatch.evaluator.steps import genai_tool_calls, unwrap_json
@@ -172,6 +173,23 @@ def observer() -> Observe | None:
         return steps, new_trajectory(trajectory_steps, final_output, input_tokens, output_tokens, latency_ns)
 
     return observe
+
+
+def partitioner() -> PartitionFields | None:
+    """The native `PartitionFields` (native/src/observe.rs `partition_fields`: build_partition's
+    sort, task key, session id, trace ids and annotation, the same values), for the composition root
+    to inject; None without the extension."""
+    if _core is None:
+        return None
+    native, dumps = _core.partition_fields, json.dumps
+
+    def fields(spans: list[Span], keys: Sequence[str], want_session: bool) -> Any:
+        found = native(spans, list(keys), want_session, dumps)
+        if found is None:
+            FALLBACKS["partition_fields"] += 1
+        return found
+
+    return fields
 
 
 crc32: Callable[[bytes, int], int] = _core.crc32 if _core is not None else zlib.crc32

@@ -1,7 +1,9 @@
-"""The native steps-and-trajectory pass (native/src/observe.rs) gives exactly what the evaluator's
-Python rules give (extract_steps_from_spans, build_trajectory_from_spans): on every corpus file as
-trace and session partitions, on 2,000 loadgen traces, and on generated spans full of the values
-the rules treat specially. Where it gives up it must say so (None), never answer differently."""
+"""The native evaluator passes (native/src/observe.rs) give exactly what the evaluator's Python rules
+give: the steps and trajectory (extract_steps_from_spans, build_trajectory_from_spans) and the
+partition's fields (build_partition: order, task key, session id, trace ids, annotation). On every
+corpus file as trace and session partitions, on 2,000 loadgen traces, and on generated spans full
+of the values the rules treat specially. Where a pass gives up it must say so (None), never answer
+differently."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from native_rig import loadgen_traffic
 from shared_paths import CORPUS
 
 from stepwatch.evaluator.model import Partition, Span
-from stepwatch.evaluator.partitioning import partition_sessions, partition_traces, root_spans
+from stepwatch.evaluator.partitioning import build_partition, partition_sessions, partition_traces, root_spans
 from stepwatch.evaluator.steps import extract_steps_from_spans
 from stepwatch.evaluator.trajectory_build import build_trajectory_from_spans
 from stepwatch.loaders.files import load_file
@@ -26,6 +28,7 @@ from stepwatch.receiver.codec.otlp_selective import decode_selected
 
 pytestmark = pytest.mark.skipif(not spancore.AVAILABLE, reason=f"native span core: {spancore.STATUS}")
 OBSERVE = spancore.observer()
+FIELDS = spancore.partitioner()
 
 
 def python_observed(spans: list[Span]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -45,11 +48,19 @@ def native_observed(spans: list[Span]) -> tuple[list[dict[str, Any]], dict[str, 
     return [dataclasses.asdict(s) for s in steps], trajectory.model_dump()
 
 
+def built(spans: list[Span], kind: str, native: bool) -> dict[str, Any]:
+    session_id = "s-1" if kind == "session" else None
+    fields = FIELDS if native else None
+    return build_partition(kind, "p", spans, session_id=session_id, fields=fields).model_dump()  # type: ignore[arg-type]
+
+
 def assert_same(partition: Partition) -> None:
-    before = spancore.FALLBACKS["observe"]
+    before = dict(spancore.FALLBACKS)
     native = native_observed(partition.spans)
-    assert spancore.FALLBACKS["observe"] == before, "the native pass gave up"
+    native_fields = built(partition.spans, partition.type, native=True)
+    assert dict(spancore.FALLBACKS) == before, "a native pass gave up"
     assert native == python_observed(partition.spans)
+    assert native_fields == built(partition.spans, partition.type, native=False)
 
 
 CORPUS_FILES = sorted(p for p in CORPUS.iterdir() if p.suffix in (".pb", ".json") and ".expect" not in p.name)
@@ -140,6 +151,10 @@ ATTRIBUTE_KEYS = st.sampled_from(
         "gen_ai.usage.output_tokens",
         "llm.token_count.prompt",
         "llm.token_count.completion",
+        "session.id",
+        "gen_ai.conversation.id",
+        "aip.task.key",
+        "aip.eval.expected_steps",
     ]
 )
 
@@ -184,6 +199,9 @@ def partitions(draw: st.DrawFn) -> list[Span]:
                 start_time_unix_nano=start,
                 end_time_unix_nano=draw(times),
                 attributes=draw(attributes(rare)),
+                resource_attributes=draw(
+                    st.dictionaries(st.sampled_from(["aip.task.key", "gen_ai.agent.name", "service.name"]), COMMON)
+                ),
                 seq=draw(st.sampled_from([i, 0])),
             )
         )
@@ -208,7 +226,14 @@ def test_generated_spans_observe_identically_or_give_up() -> None:
         outcomes["native" if native is not None else "gave up"] += 1
         if native is not None:
             assert native == python
+        for kind in ("trace", "session"):
+            before = spancore.FALLBACKS["partition_fields"]
+            native_fields = built(spans, kind, native=True)
+            gave_up = spancore.FALLBACKS["partition_fields"] != before
+            outcomes["fields native" if not gave_up else "fields gave up"] += 1
+            assert native_fields == built(spans, kind, native=False)
 
     check()
     # giving up is always correct, so a pass that gave up everywhere would pass the check above
     assert outcomes["native"] > 2 * outcomes["gave up"], outcomes
+    assert outcomes["fields native"] > 2 * outcomes["fields gave up"], outcomes
