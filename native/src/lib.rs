@@ -154,7 +154,7 @@ impl RequestSchema {
 /// FNV-1a: the selector's keys are a few dozen short trusted strings, looked up once per attribute;
 /// SipHash's DoS resistance buys nothing here and cost a tenth of the reader.
 #[derive(Default)]
-struct Fnv(u64);
+pub(crate) struct Fnv(u64);
 
 impl std::hash::Hasher for Fnv {
     fn finish(&self) -> u64 {

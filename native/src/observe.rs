@@ -12,6 +12,11 @@
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use crate::Fnv;
+
+type FnvSet<K> = HashSet<K, std::hash::BuildHasherDefault<Fnv>>;
+type FnvMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<Fnv>>;
+
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyInt, PyList, PyString, PyTuple};
@@ -104,17 +109,34 @@ impl<'py> Hooks<'py> {
 
 struct View<'py> {
     attrs: Bound<'py, PyDict>,
-    trace_py: Bound<'py, PyAny>,
-    span_py: Bound<'py, PyAny>,
-    name_py: Bound<'py, PyAny>,
+    trace_py: Bound<'py, PyString>,
+    span_py: Bound<'py, PyString>,
+    parent_py: Option<Bound<'py, PyString>>,
+    name_py: Bound<'py, PyString>,
     start_py: Bound<'py, PyAny>,
-    trace: String,
-    span: String,
-    parent: Option<String>,
-    name: String,
     start: Option<i128>,
     end: Option<i128>,
     seq: i128,
+}
+
+/// A str's UTF-8, checked once in `view` (afterwards it cannot fail: a Python str is immutable).
+fn utf8<'a>(s: &'a Bound<'_, PyString>) -> &'a str {
+    s.to_str().unwrap_or_default()
+}
+
+impl View<'_> {
+    fn trace(&self) -> &str {
+        utf8(&self.trace_py)
+    }
+    fn span(&self) -> &str {
+        utf8(&self.span_py)
+    }
+    fn name(&self) -> &str {
+        utf8(&self.name_py)
+    }
+    fn parent(&self) -> Option<&str> {
+        self.parent_py.as_ref().map(utf8)
+    }
 }
 
 /// A Python int (exactly `int`) as i128 through the 64-bit conversions; None: not handled here.
@@ -133,6 +155,13 @@ fn text(value: &Bound<'_, PyAny>) -> Res<String> {
     Ok(s.to_str().map_err(|_| Unhandled::Value)?.to_owned())
 }
 
+/// A str field whose UTF-8 the pass can read (a lone surrogate cannot be: the reference decides).
+fn str_field<'py>(value: Bound<'py, PyAny>) -> Res<Bound<'py, PyString>> {
+    let s = value.downcast_into::<PyString>().map_err(|_| Unhandled::Value)?;
+    s.to_str().map_err(|_| Unhandled::Value)?;
+    Ok(s)
+}
+
 fn optional_time(value: &Bound<'_, PyAny>) -> Res<Option<i128>> {
     if value.is_none() {
         return Ok(None);
@@ -147,25 +176,17 @@ fn view<'py>(span: &Bound<'py, PyAny>) -> Res<View<'py>> {
         fields.get_item(key)?.ok_or(Unhandled::Value)
     };
     let attrs = get(intern!(py, "attributes"))?.downcast_into::<PyDict>().map_err(|_| Unhandled::Value)?;
-    let trace_py = get(intern!(py, "trace_id"))?;
-    let span_py = get(intern!(py, "span_id"))?;
-    let name_py = get(intern!(py, "name"))?;
-    let parent_py = get(intern!(py, "parent_span_id"))?;
+    let parent = get(intern!(py, "parent_span_id"))?;
     let start_py = get(intern!(py, "start_time_unix_nano"))?;
-    let end_py = get(intern!(py, "end_time_unix_nano"))?;
-    let seq = int_of(&get(intern!(py, "seq"))?).ok_or(Unhandled::Value)?;
     Ok(View {
-        trace: text(&trace_py)?,
-        span: text(&span_py)?,
-        parent: if parent_py.is_none() { None } else { Some(text(&parent_py)?) },
-        name: text(&name_py)?,
+        trace_py: str_field(get(intern!(py, "trace_id"))?)?,
+        span_py: str_field(get(intern!(py, "span_id"))?)?,
+        parent_py: if parent.is_none() { None } else { Some(str_field(parent)?) },
+        name_py: str_field(get(intern!(py, "name"))?)?,
         start: optional_time(&start_py)?,
-        end: optional_time(&end_py)?,
-        seq,
+        end: optional_time(&get(intern!(py, "end_time_unix_nano"))?)?,
+        seq: int_of(&get(intern!(py, "seq"))?).ok_or(Unhandled::Value)?,
         attrs,
-        trace_py,
-        span_py,
-        name_py,
         start_py,
     })
 }
@@ -178,7 +199,7 @@ fn step_order(a: &View<'_>, b: &View<'_>) -> Ordering {
     };
     let (af, ax, ay) = key(a);
     let (bf, bx, by) = key(b);
-    (af, ax).cmp(&(bf, bx)).then_with(|| a.name.cmp(&b.name)).then(ay.cmp(&by))
+    (af, ax).cmp(&(bf, bx)).then_with(|| a.name().cmp(b.name())).then(ay.cmp(&by))
 }
 
 /// partitioning.py `span_order_key`: (0, start, seq) timed, (1, 0, seq) untimed.
@@ -241,25 +262,23 @@ fn step_kind(attrs: &Bound<'_, PyDict>) -> Res<Option<Kind>> {
 }
 
 /// The first of `keys` that is present, not None and not "", as `str()`; else the span's name.
-fn name_from<'py>(v: &View<'py>, keys: &[&Bound<'py, PyString>]) -> Res<(Bound<'py, PyAny>, String)> {
+fn name_from<'py>(v: &View<'py>, keys: &[&Bound<'py, PyString>]) -> Res<Bound<'py, PyString>> {
     for key in keys {
         if let Some(value) = get(&v.attrs, key)? {
             if !is_empty_str(&value) {
-                let s = value.str()?;
-                let owned = s.to_str().map_err(|_| Unhandled::Value)?.to_owned();
-                return Ok((s.into_any(), owned));
+                return str_field(value.str()?.into_any());
             }
         }
     }
-    Ok((v.name_py.clone(), v.name.clone()))
+    Ok(v.name_py.clone())
 }
 
-fn tool_step_name<'py>(v: &View<'py>) -> Res<(Bound<'py, PyAny>, String)> {
+fn tool_step_name<'py>(v: &View<'py>) -> Res<Bound<'py, PyString>> {
     let py = v.attrs.py();
     name_from(v, &[intern!(py, "gen_ai.tool.name"), intern!(py, "tool.name")])
 }
 
-fn agent_step_name<'py>(v: &View<'py>) -> Res<(Bound<'py, PyAny>, String)> {
+fn agent_step_name<'py>(v: &View<'py>) -> Res<Bound<'py, PyString>> {
     let py = v.attrs.py();
     name_from(
         v,
@@ -375,7 +394,7 @@ fn normalise(name: &str, hooks: &Hooks<'_>) -> Res<String> {
 fn tool_io<'py>(
     v: &View<'py>,
     index: usize,
-    cache: &mut HashMap<usize, (Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+    cache: &mut FnvMap<usize, (Bound<'py, PyAny>, Bound<'py, PyAny>)>,
     hooks: &Hooks<'py>,
 ) -> Res<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
     if let Some(found) = cache.get(&index) {
@@ -403,13 +422,13 @@ struct Open {
 /// steps.py `_RoundMatcher`: pairs each TOOL span with the LLM output call that issued it.
 struct Rounds<'a, 'py> {
     views: &'a [View<'py>],
-    by_id: HashMap<&'a str, usize>,
+    by_id: FnvMap<&'a str, usize>,
     open: Vec<Open>,
 }
 
 impl<'a, 'py> Rounds<'a, 'py> {
     fn new(views: &'a [View<'py>], llm_calls: &'a [(usize, Vec<Call<'py>>)], hooks: &Hooks<'py>) -> Res<Self> {
-        let mut by_id = HashMap::new();
+        let mut by_id = FnvMap::default();
         let mut open = Vec::with_capacity(llm_calls.len());
         for (llm, calls) in llm_calls {
             for call in calls {
@@ -436,11 +455,12 @@ impl<'a, 'py> Rounds<'a, 'py> {
                 let key = key.to_str().map_err(|_| Unhandled::Value)?;
                 if let Some(&llm) = self.by_id.get(key) {
                     let wanted = normalise(name, hooks)?;
-                    let llm_span = &self.views[llm].span;
+                    let llm_span = self.views[llm].span();
+                    let views = self.views;
                     if let Some(entry) = self
                         .open
                         .iter_mut()
-                        .find(|e| self.views[e.llm].span == *llm_span && e.names.contains(&wanted))
+                        .find(|e| views[e.llm].span() == llm_span && e.names.contains(&wanted))
                     {
                         remove_first(&mut entry.names, &wanted);
                     }
@@ -453,7 +473,7 @@ impl<'a, 'py> Rounds<'a, 'py> {
             let llm = &self.views[entry.llm];
             if entry.names.contains(&wanted)
                 && step_order(llm, span) == Ordering::Less
-                && llm.trace == span.trace
+                && llm.trace() == span.trace()
             {
                 remove_first(&mut entry.names, &wanted);
                 return Ok(Some(entry.llm));
@@ -516,12 +536,12 @@ pub type Observed<'py> = (
 pub fn observe<'py>(spans: &Bound<'py, PyList>, hooks: &Hooks<'py>) -> Res<Observed<'py>> {
     let py = spans.py();
     let views = spans.iter().map(|s| view(&s)).collect::<Res<Vec<_>>>()?;
-    let present: HashSet<(&str, &str)> = views.iter().map(|v| (v.trace.as_str(), v.span.as_str())).collect();
-    let is_root = |v: &View<'_>| match &v.parent {
+    let present: FnvSet<(&str, &str)> = views.iter().map(|v| (v.trace(), v.span())).collect();
+    let is_root = |v: &View<'_>| match v.parent() {
         None => true,
-        Some(parent) => !present.contains(&(v.trace.as_str(), parent.as_str())),
+        Some(parent) => !present.contains(&(v.trace(), parent)),
     };
-    let mut io_cache = HashMap::new();
+    let mut io_cache = FnvMap::default();
 
     // steps.py extract_steps_from_spans: one pass classifies each span once
     let mut step_spans: Vec<(usize, Kind)> = Vec::new();
@@ -567,18 +587,18 @@ pub fn observe<'py>(spans: &Bound<'py, PyList>, hooks: &Hooks<'py>) -> Res<Obser
         for &(i, kind) in &step_spans {
             let v = &views[i];
             let (name_py, kind_py, input, output, round) = if kind == Kind::Tool {
-                let (name_py, name) = tool_step_name(v)?;
+                let name_py = tool_step_name(v)?;
                 let (input, output) = tool_io(v, i, &mut io_cache, hooks)?;
-                let round = rounds.claim(i, &name, hooks)?;
+                let round = rounds.claim(i, utf8(&name_py), hooks)?;
                 (name_py, tool, input, output, round)
             } else {
-                let (name_py, _) = agent_step_name(v)?;
+                let name_py = agent_step_name(v)?;
                 let input = unwrap(get(&v.attrs, intern!(py, "input.value"))?, hooks)?;
                 let output = unwrap(get(&v.attrs, intern!(py, "output.value"))?, hooks)?;
                 (name_py, agent, input, output, None)
             };
             let round_py = match round {
-                Some(llm) => views[llm].span_py.clone(),
+                Some(llm) => views[llm].span_py.clone().into_any(),
                 None => py.None().into_bound(py),
             };
             steps.append(hooks.new_step(
@@ -627,7 +647,7 @@ pub fn observe<'py>(spans: &Bound<'py, PyList>, hooks: &Hooks<'py>) -> Res<Obser
     for &i in &calls {
         let v = &views[i];
         let (input, output) = tool_io(v, i, &mut io_cache, hooks)?;
-        let (name_py, _) = tool_step_name(v)?;
+        let name_py = tool_step_name(v)?;
         trajectory.append(hooks.new_trajectory_step(&name_py, &input, &output)?)?;
     }
     roots.sort_by(|a, b| span_order(&views[*a], &views[*b]));
@@ -696,13 +716,13 @@ pub fn partition_fields<'py>(
     let views = items.iter().map(view).collect::<Res<Vec<_>>>()?;
     let mut order: Vec<usize> = (0..views.len()).collect();
     order.sort_by(|a, b| span_order(&views[*a], &views[*b]));
-    let present: HashSet<(&str, &str)> = views.iter().map(|v| (v.trace.as_str(), v.span.as_str())).collect();
+    let present: FnvSet<(&str, &str)> = views.iter().map(|v| (v.trace(), v.span())).collect();
     let roots: Vec<usize> = order
         .iter()
         .copied()
-        .filter(|&i| match &views[i].parent {
+        .filter(|&i| match views[i].parent() {
             None => true,
-            Some(parent) => !present.contains(&(views[i].trace.as_str(), parent.as_str())),
+            Some(parent) => !present.contains(&(views[i].trace(), parent)),
         })
         .collect();
     let none = || py.None().into_bound(py);
@@ -746,14 +766,14 @@ pub fn partition_fields<'py>(
     let task_key = match task_key {
         Some(value) => value,
         None => match roots.first().or(order.first()) {
-            Some(&i) => views[i].name_py.clone(),
+            Some(&i) => views[i].name_py.clone().into_any(),
             None => none(),
         },
     };
-    let mut seen: HashSet<&str> = HashSet::new();
+    let mut seen: FnvSet<&str> = FnvSet::default();
     let trace_ids = PyList::empty(py);
     for &i in &order {
-        if seen.insert(views[i].trace.as_str()) {
+        if seen.insert(views[i].trace()) {
             trace_ids.append(&views[i].trace_py)?;
         }
     }
