@@ -328,7 +328,9 @@ class EvaluationEngine:
         store = self._expectations(tenant)  # this tenant's own, never another's
         spans = self._decode(closed.records, self._selection(store))
         if closed.needs_routing:
-            partition = build_partition("trace", partition_id, spans, task_key_attributes=keys, fields=self._fields)
+            partition = build_partition(
+                "trace", partition_id, spans, task_key_attributes=keys, fields=self._fields
+            )
             expectation = store.get(partition.task_key)
             if expectation is not None and expectation.partition == "session" and partition.session_id:
                 session_key = tenants.session_key(tenant, partition.session_id)
@@ -342,7 +344,12 @@ class EvaluationEngine:
             self.buffer.route(closed)
         elif closed.partition_type == "session":
             partition = build_partition(
-                "session", partition_id, spans, task_key_attributes=keys, fields=self._fields, session_id=partition_id
+                "session",
+                partition_id,
+                spans,
+                task_key_attributes=keys,
+                fields=self._fields,
+                session_id=partition_id,
             )
             # the session was formed under its first trace's task key; keep scoring it against that
             task_key = closed.task_key or partition.task_key
@@ -350,7 +357,9 @@ class EvaluationEngine:
                 partition = partition.model_copy(update={"task_key": task_key})
             expectation = store.get(task_key)
         else:
-            partition = build_partition("trace", partition_id, spans, task_key_attributes=keys, fields=self._fields)
+            partition = build_partition(
+                "trace", partition_id, spans, task_key_attributes=keys, fields=self._fields
+            )
             expectation = store.get(partition.task_key)
         return self._score(partition, expectation, closed, store, tenant), []
 

@@ -14,6 +14,7 @@ pub mod align;
 pub mod index;
 pub mod lean;
 pub mod observe;
+pub mod partition;
 pub mod validate;
 pub mod wire;
 
@@ -481,7 +482,10 @@ fn build<'py, 'a>(
         if span.parent_span_id.is_empty() {
             fields.set_item(intern!(py, "parent_span_id"), py.None())?;
         } else {
-            fields.set_item(intern!(py, "parent_span_id"), hex_cached(py, &mut ids, span.parent_span_id))?;
+            fields.set_item(
+                intern!(py, "parent_span_id"),
+                hex_cached(py, &mut ids, span.parent_span_id),
+            )?;
         }
         fields.set_item(intern!(py, "name"), span.name)?;
         fields.set_item(intern!(py, "kind"), &kinds[kind])?;
@@ -530,7 +534,12 @@ fn bare_rows(same: Vec<(i64, i64)>, obs: Vec<i64>) -> Vec<Vec<i64>> {
 fn observe_spans<'py>(
     py: Python<'py>,
     spans: &Bound<'py, PyList>,
-    hooks: (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>),
+    hooks: (
+        Bound<'py, PyAny>,
+        Bound<'py, PyAny>,
+        Bound<'py, PyAny>,
+        Bound<'py, PyAny>,
+    ),
     step: Bound<'py, PyAny>,
     trajectory_step: (Bound<'py, PyAny>, Bound<'py, PyAny>),
 ) -> PyResult<Option<observe::Observed<'py>>> {
@@ -547,16 +556,16 @@ fn observe_spans<'py>(
     Ok(observe::observe(spans, &hooks).ok())
 }
 
-/// evaluator/partitioning.py `build_partition`'s fields of a partition's spans (native/src/observe.rs
-/// `partition_fields`), or None where the Python reference must decide.
+/// evaluator/partitioning.py `build_partition`'s fields of a partition's spans (native/src/
+/// partition.rs), or None where the Python reference must decide.
 #[pyfunction]
 fn partition_fields<'py>(
     spans: &Bound<'py, PyList>,
     task_key_attributes: Vec<Bound<'py, PyString>>,
     want_session: bool,
     json_dumps: &Bound<'py, PyAny>,
-) -> Option<observe::Fields<'py>> {
-    observe::partition_fields(spans, &task_key_attributes, want_session, json_dumps).ok()
+) -> Option<partition::Fields<'py>> {
+    partition::partition_fields(spans, &task_key_attributes, want_session, json_dumps).ok()
 }
 
 /// `zlib.crc32(data, value)` (CRC-32/IEEE, continued from `value`), with the CPU's carry-less

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::Fnv;
 
-type FnvSet<K> = HashSet<K, std::hash::BuildHasherDefault<Fnv>>;
+pub(crate) type FnvSet<K> = HashSet<K, std::hash::BuildHasherDefault<Fnv>>;
 type FnvMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<Fnv>>;
 
 use pyo3::intern;
@@ -33,7 +33,7 @@ impl From<PyErr> for Unhandled {
     }
 }
 
-type Res<T> = Result<T, Unhandled>;
+pub(crate) type Res<T> = Result<T, Unhandled>;
 
 /// The evaluator's Python functions this pass defers to (see the module doc), and the classes it
 /// builds: evaluator.model.Step (slots) and evaluator.trajectory.TrajectoryStep (a pydantic model,
@@ -50,7 +50,11 @@ pub struct Hooks<'py> {
 
 /// `object.__setattr__(obj, name, value)`: past a frozen class's own __setattr__, as
 /// evaluator/model.py's construct and new_step set fields.
-pub fn set_field(obj: &Bound<'_, PyAny>, name: &Bound<'_, PyString>, value: &Bound<'_, PyAny>) -> PyResult<()> {
+pub fn set_field(
+    obj: &Bound<'_, PyAny>,
+    name: &Bound<'_, PyString>,
+    value: &Bound<'_, PyAny>,
+) -> PyResult<()> {
     // SAFETY: three valid object pointers held by the caller; the GIL is held (Bound).
     if unsafe { pyo3::ffi::PyObject_GenericSetAttr(obj.as_ptr(), name.as_ptr(), value.as_ptr()) } == -1 {
         return Err(PyErr::fetch(obj.py()));
@@ -102,21 +106,25 @@ impl<'py> Hooks<'py> {
         set_field(&step, intern!(py, "__dict__"), &fields)?;
         set_field(&step, intern!(py, "__pydantic_fields_set__"), fields_set)?;
         set_field(&step, intern!(py, "__pydantic_extra__"), &PyDict::new(py))?;
-        set_field(&step, intern!(py, "__pydantic_private__"), &py.None().into_bound(py))?;
+        set_field(
+            &step,
+            intern!(py, "__pydantic_private__"),
+            &py.None().into_bound(py),
+        )?;
         Ok(step)
     }
 }
 
-struct View<'py> {
-    attrs: Bound<'py, PyDict>,
-    trace_py: Bound<'py, PyString>,
-    span_py: Bound<'py, PyString>,
-    parent_py: Option<Bound<'py, PyString>>,
-    name_py: Bound<'py, PyString>,
-    start_py: Bound<'py, PyAny>,
-    start: Option<i128>,
-    end: Option<i128>,
-    seq: i128,
+pub(crate) struct View<'py> {
+    pub(crate) attrs: Bound<'py, PyDict>,
+    pub(crate) trace_py: Bound<'py, PyString>,
+    pub(crate) span_py: Bound<'py, PyString>,
+    pub(crate) parent_py: Option<Bound<'py, PyString>>,
+    pub(crate) name_py: Bound<'py, PyString>,
+    pub(crate) start_py: Bound<'py, PyAny>,
+    pub(crate) start: Option<i128>,
+    pub(crate) end: Option<i128>,
+    pub(crate) seq: i128,
 }
 
 /// A str's UTF-8, checked once in `view` (afterwards it cannot fail: a Python str is immutable).
@@ -125,16 +133,16 @@ fn utf8<'a>(s: &'a Bound<'_, PyString>) -> &'a str {
 }
 
 impl View<'_> {
-    fn trace(&self) -> &str {
+    pub(crate) fn trace(&self) -> &str {
         utf8(&self.trace_py)
     }
-    fn span(&self) -> &str {
+    pub(crate) fn span(&self) -> &str {
         utf8(&self.span_py)
     }
-    fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         utf8(&self.name_py)
     }
-    fn parent(&self) -> Option<&str> {
+    pub(crate) fn parent(&self) -> Option<&str> {
         self.parent_py.as_ref().map(utf8)
     }
 }
@@ -169,19 +177,28 @@ fn optional_time(value: &Bound<'_, PyAny>) -> Res<Option<i128>> {
     int_of(value).map(Some).ok_or(Unhandled::Value)
 }
 
-fn view<'py>(span: &Bound<'py, PyAny>) -> Res<View<'py>> {
+pub(crate) fn view<'py>(span: &Bound<'py, PyAny>) -> Res<View<'py>> {
     let py = span.py();
-    let fields = span.getattr(intern!(py, "__dict__"))?.downcast_into::<PyDict>().map_err(|_| Unhandled::Value)?;
+    let fields = span
+        .getattr(intern!(py, "__dict__"))?
+        .downcast_into::<PyDict>()
+        .map_err(|_| Unhandled::Value)?;
     let get = |key: &Bound<'py, PyString>| -> Res<Bound<'py, PyAny>> {
         fields.get_item(key)?.ok_or(Unhandled::Value)
     };
-    let attrs = get(intern!(py, "attributes"))?.downcast_into::<PyDict>().map_err(|_| Unhandled::Value)?;
+    let attrs = get(intern!(py, "attributes"))?
+        .downcast_into::<PyDict>()
+        .map_err(|_| Unhandled::Value)?;
     let parent = get(intern!(py, "parent_span_id"))?;
     let start_py = get(intern!(py, "start_time_unix_nano"))?;
     Ok(View {
         trace_py: str_field(get(intern!(py, "trace_id"))?)?,
         span_py: str_field(get(intern!(py, "span_id"))?)?,
-        parent_py: if parent.is_none() { None } else { Some(str_field(parent)?) },
+        parent_py: if parent.is_none() {
+            None
+        } else {
+            Some(str_field(parent)?)
+        },
         name_py: str_field(get(intern!(py, "name"))?)?,
         start: optional_time(&start_py)?,
         end: optional_time(&get(intern!(py, "end_time_unix_nano"))?)?,
@@ -199,11 +216,14 @@ fn step_order(a: &View<'_>, b: &View<'_>) -> Ordering {
     };
     let (af, ax, ay) = key(a);
     let (bf, bx, by) = key(b);
-    (af, ax).cmp(&(bf, bx)).then_with(|| a.name().cmp(b.name())).then(ay.cmp(&by))
+    (af, ax)
+        .cmp(&(bf, bx))
+        .then_with(|| a.name().cmp(b.name()))
+        .then(ay.cmp(&by))
 }
 
 /// partitioning.py `span_order_key`: (0, start, seq) timed, (1, 0, seq) untimed.
-fn span_order(a: &View<'_>, b: &View<'_>) -> Ordering {
+pub(crate) fn span_order(a: &View<'_>, b: &View<'_>) -> Ordering {
     let key = |v: &View<'_>| match v.start {
         Some(start) => (0u8, start, v.seq),
         None => (1u8, 0, v.seq),
@@ -212,12 +232,17 @@ fn span_order(a: &View<'_>, b: &View<'_>) -> Ordering {
 }
 
 /// `attributes.get(key)` with None read as absent (what every `.get(...) is not None` test does).
-fn get<'py>(attrs: &Bound<'py, PyDict>, key: &Bound<'py, PyString>) -> Res<Option<Bound<'py, PyAny>>> {
+pub(crate) fn get<'py>(
+    attrs: &Bound<'py, PyDict>,
+    key: &Bound<'py, PyString>,
+) -> Res<Option<Bound<'py, PyAny>>> {
     Ok(attrs.get_item(key)?.filter(|v| !v.is_none()))
 }
 
-fn is_empty_str(value: &Bound<'_, PyAny>) -> bool {
-    value.downcast::<PyString>().is_ok_and(|s| s.to_str().is_ok_and(str::is_empty))
+pub(crate) fn is_empty_str(value: &Bound<'_, PyAny>) -> bool {
+    value
+        .downcast::<PyString>()
+        .is_ok_and(|s| s.to_str().is_ok_and(str::is_empty))
 }
 
 /// `str(value).upper() == word` (word upper-case ASCII); non-ASCII text through Python's upper().
@@ -258,7 +283,9 @@ fn step_kind(attrs: &Bound<'_, PyDict>) -> Res<Option<Kind>> {
             }
         }
     }
-    Ok(attrs.contains(intern!(py, "gen_ai.tool.name"))?.then_some(Kind::Tool))
+    Ok(attrs
+        .contains(intern!(py, "gen_ai.tool.name"))?
+        .then_some(Kind::Tool))
 }
 
 /// The first of `keys` that is present, not None and not "", as `str()`; else the span's name.
@@ -282,7 +309,11 @@ fn agent_step_name<'py>(v: &View<'py>) -> Res<Bound<'py, PyString>> {
     let py = v.attrs.py();
     name_from(
         v,
-        &[intern!(py, "aip.agent.name"), intern!(py, "gen_ai.agent.name"), intern!(py, "agent.name")],
+        &[
+            intern!(py, "aip.agent.name"),
+            intern!(py, "gen_ai.agent.name"),
+            intern!(py, "agent.name"),
+        ],
     )
 }
 
@@ -304,12 +335,18 @@ fn oi_key(key: &str) -> Res<Option<(u64, u64, usize)>> {
         return Err(Unhandled::Value);
     }
     let key = key.strip_suffix('\n').unwrap_or(key);
-    let Some(rest) = key.strip_prefix(OI_PREFIX) else { return Ok(None) };
+    let Some(rest) = key.strip_prefix(OI_PREFIX) else {
+        return Ok(None);
+    };
     let digits = |s: &str| s.bytes().take_while(u8::is_ascii_digit).count();
     let n_len = digits(rest);
-    let Some(rest) = rest.get(n_len..).filter(|_| n_len > 0) else { return Ok(None) };
+    let Some(rest) = rest.get(n_len..).filter(|_| n_len > 0) else {
+        return Ok(None);
+    };
     let n_text = &key[OI_PREFIX.len()..OI_PREFIX.len() + n_len];
-    let Some(rest) = rest.strip_prefix(".message.tool_calls.") else { return Ok(None) };
+    let Some(rest) = rest.strip_prefix(".message.tool_calls.") else {
+        return Ok(None);
+    };
     let m_len = digits(rest);
     if m_len == 0 {
         return Ok(None);
@@ -358,7 +395,13 @@ fn embedded_calls<'py>(v: &View<'py>, hooks: &Hooks<'py>) -> Res<Vec<Call<'py>>>
         });
     }
     if let Some(messages) = get(&v.attrs, intern!(py, "gen_ai.output.messages"))? {
-        for call in hooks.genai_tool_calls.call1((messages,))?.downcast_into::<PyList>().map_err(|_| Unhandled::Value)?.iter() {
+        for call in hooks
+            .genai_tool_calls
+            .call1((messages,))?
+            .downcast_into::<PyList>()
+            .map_err(|_| Unhandled::Value)?
+            .iter()
+        {
             let call = call.downcast_into::<PyTuple>().map_err(|_| Unhandled::Value)?;
             let name_py = call.get_item(0)?;
             let call_id = call.get_item(2)?;
@@ -366,7 +409,11 @@ fn embedded_calls<'py>(v: &View<'py>, hooks: &Hooks<'py>) -> Res<Vec<Call<'py>>>
                 name: text(&name_py)?,
                 name_py,
                 arguments: call.get_item(1)?,
-                call_id: if call_id.is_none() { None } else { Some(text(&call_id)?) },
+                call_id: if call_id.is_none() {
+                    None
+                } else {
+                    Some(text(&call_id)?)
+                },
             });
         }
     }
@@ -377,14 +424,20 @@ fn embedded_calls<'py>(v: &View<'py>, hooks: &Hooks<'py>) -> Res<Vec<Call<'py>>>
 fn unwrap<'py>(value: Option<Bound<'py, PyAny>>, hooks: &Hooks<'py>) -> Res<Bound<'py, PyAny>> {
     match value {
         None => Ok(hooks.unwrap_json.py().None().into_bound(hooks.unwrap_json.py())),
-        Some(v) if v.downcast::<PyString>().is_ok() && !is_empty_str(&v) => Ok(hooks.unwrap_json.call1((v,))?),
+        Some(v) if v.downcast::<PyString>().is_ok() && !is_empty_str(&v) => {
+            Ok(hooks.unwrap_json.call1((v,))?)
+        }
         Some(v) => Ok(v),
     }
 }
 
 fn normalise(name: &str, hooks: &Hooks<'_>) -> Res<String> {
     if name.is_ascii() {
-        return Ok(name.bytes().filter(|b| *b != b'-' && *b != b'_').map(|b| b.to_ascii_lowercase() as char).collect());
+        return Ok(name
+            .bytes()
+            .filter(|b| *b != b'-' && *b != b'_')
+            .map(|b| b.to_ascii_lowercase() as char)
+            .collect());
     }
     let out = hooks.normalise_tool_name.call1((name,))?;
     text(&out)
@@ -407,8 +460,14 @@ fn tool_io<'py>(
             None => get(&v.attrs, b)?,
         })
     };
-    let input = first(intern!(py, "gen_ai.tool.call.arguments"), intern!(py, "input.value"))?;
-    let output = first(intern!(py, "gen_ai.tool.call.result"), intern!(py, "output.value"))?;
+    let input = first(
+        intern!(py, "gen_ai.tool.call.arguments"),
+        intern!(py, "input.value"),
+    )?;
+    let output = first(
+        intern!(py, "gen_ai.tool.call.result"),
+        intern!(py, "output.value"),
+    )?;
     let io = (unwrap(input, hooks)?, unwrap(output, hooks)?);
     cache.insert(index, io.clone());
     Ok(io)
@@ -427,7 +486,11 @@ struct Rounds<'a, 'py> {
 }
 
 impl<'a, 'py> Rounds<'a, 'py> {
-    fn new(views: &'a [View<'py>], llm_calls: &'a [(usize, Vec<Call<'py>>)], hooks: &Hooks<'py>) -> Res<Self> {
+    fn new(
+        views: &'a [View<'py>],
+        llm_calls: &'a [(usize, Vec<Call<'py>>)],
+        hooks: &Hooks<'py>,
+    ) -> Res<Self> {
         let mut by_id = FnvMap::default();
         let mut open = Vec::with_capacity(llm_calls.len());
         for (llm, calls) in llm_calls {
@@ -436,7 +499,10 @@ impl<'a, 'py> Rounds<'a, 'py> {
                     by_id.insert(id.as_str(), *llm);
                 }
             }
-            let names = calls.iter().map(|c| normalise(&c.name, hooks)).collect::<Res<Vec<_>>>()?;
+            let names = calls
+                .iter()
+                .map(|c| normalise(&c.name, hooks))
+                .collect::<Res<Vec<_>>>()?;
             open.push(Open { llm: *llm, names });
         }
         Ok(Rounds { views, by_id, open })
@@ -602,7 +668,14 @@ pub fn observe<'py>(spans: &Bound<'py, PyList>, hooks: &Hooks<'py>) -> Res<Obser
                 None => py.None().into_bound(py),
             };
             steps.append(hooks.new_step(
-                &name_py, kind_py, &v.trace_py, &v.span_py, &v.start_py, &input, &output, &round_py,
+                &name_py,
+                kind_py,
+                &v.trace_py,
+                &v.span_py,
+                &v.start_py,
+                &input,
+                &output,
+                &round_py,
             )?)?;
         }
     }
@@ -633,7 +706,9 @@ pub fn observe<'py>(spans: &Bound<'py, PyList>, hooks: &Hooks<'py>) -> Res<Obser
             input_tokens = input_tokens.checked_add(count(&value)?).ok_or(Unhandled::Value)?;
         }
         if let Some(value) = output {
-            output_tokens = output_tokens.checked_add(count(&value)?).ok_or(Unhandled::Value)?;
+            output_tokens = output_tokens
+                .checked_add(count(&value)?)
+                .ok_or(Unhandled::Value)?;
         }
         if let Some(start) = v.start {
             first_start = Some(first_start.map_or(start, |f| f.min(start)));
@@ -662,7 +737,11 @@ pub fn observe<'py>(spans: &Bound<'py, PyList>, hooks: &Hooks<'py>) -> Res<Obser
                 None => continue,
             },
         };
-        let text = if value.downcast::<PyString>().is_ok() { value } else { hooks.json_dumps.call1((value,))? };
+        let text = if value.downcast::<PyString>().is_ok() {
+            value
+        } else {
+            hooks.json_dumps.call1((value,))?
+        };
         if v.start.is_some() {
             untimed = None;
             answer = text;
@@ -680,110 +759,4 @@ pub fn observe<'py>(spans: &Bound<'py, PyList>, hooks: &Hooks<'py>) -> Res<Obser
         _ => None,
     };
     Ok((steps, trajectory, input_tokens, output_tokens, latency, answer))
-}
-
-/// (spans in span order, task key, session id, trace ids, expected-steps annotation or None) of
-/// partitioning.py `build_partition`: its sort, `resolve_task_key`, `session_id_of` (asked for
-/// with `want_session`), trace ids in order and `_annotations`.
-pub type Fields<'py> = (
-    Bound<'py, PyList>,
-    Bound<'py, PyAny>,
-    Bound<'py, PyAny>,
-    Bound<'py, PyList>,
-    Bound<'py, PyAny>,
-);
-
-/// The first of `keys` on `attrs` that is neither None nor "", as `str()`.
-fn first_named<'py>(attrs: &Bound<'py, PyDict>, keys: &[Bound<'py, PyString>]) -> Res<Option<Bound<'py, PyAny>>> {
-    for key in keys {
-        if let Some(value) = get(attrs, key)? {
-            if !is_empty_str(&value) {
-                return Ok(Some(value.str()?.into_any()));
-            }
-        }
-    }
-    Ok(None)
-}
-
-pub fn partition_fields<'py>(
-    spans: &Bound<'py, PyList>,
-    task_key_attributes: &[Bound<'py, PyString>],
-    want_session: bool,
-    json_dumps: &Bound<'py, PyAny>,
-) -> Res<Fields<'py>> {
-    let py = spans.py();
-    let items: Vec<Bound<'py, PyAny>> = spans.iter().collect();
-    let views = items.iter().map(view).collect::<Res<Vec<_>>>()?;
-    let mut order: Vec<usize> = (0..views.len()).collect();
-    order.sort_by(|a, b| span_order(&views[*a], &views[*b]));
-    let present: FnvSet<(&str, &str)> = views.iter().map(|v| (v.trace(), v.span())).collect();
-    let roots: Vec<usize> = order
-        .iter()
-        .copied()
-        .filter(|&i| match views[i].parent() {
-            None => true,
-            Some(parent) => !present.contains(&(views[i].trace(), parent)),
-        })
-        .collect();
-    let none = || py.None().into_bound(py);
-    let mut session = none();
-    if want_session {
-        let (primary, fallback) = (intern!(py, "session.id"), intern!(py, "gen_ai.conversation.id"));
-        let (mut first, mut conversation): (Option<Bound<'py, PyAny>>, Option<Bound<'py, PyAny>>) = (None, None);
-        for &i in &order {
-            let attrs = &views[i].attrs;
-            first = first_named(attrs, std::slice::from_ref(primary))?;
-            if first.is_some() {
-                break;
-            }
-            if conversation.is_none() {
-                conversation = first_named(attrs, std::slice::from_ref(fallback))?;
-            }
-        }
-        let found = first.or(conversation);
-        session = found.unwrap_or_else(none);
-    }
-    let mut task_key: Option<Bound<'py, PyAny>> = None;
-    'search: for candidates in [&roots, &order] {
-        for &i in candidates.iter() {
-            if let Some(value) = first_named(&views[i].attrs, task_key_attributes)? {
-                task_key = Some(value);
-                break 'search;
-            }
-        }
-    }
-    if task_key.is_none() {
-        let resource_key = intern!(py, "resource_attributes");
-        for &i in &order {
-            let resource = items[i].getattr(intern!(py, "__dict__"))?.get_item(resource_key)?;
-            let resource = resource.downcast_into::<PyDict>().map_err(|_| Unhandled::Value)?;
-            if let Some(value) = first_named(&resource, task_key_attributes)? {
-                task_key = Some(value);
-                break;
-            }
-        }
-    }
-    let task_key = match task_key {
-        Some(value) => value,
-        None => match roots.first().or(order.first()) {
-            Some(&i) => views[i].name_py.clone().into_any(),
-            None => none(),
-        },
-    };
-    let mut seen: FnvSet<&str> = FnvSet::default();
-    let trace_ids = PyList::empty(py);
-    for &i in &order {
-        if seen.insert(views[i].trace()) {
-            trace_ids.append(&views[i].trace_py)?;
-        }
-    }
-    let mut annotation = none();
-    for &i in &roots {
-        if let Some(value) = get(&views[i].attrs, intern!(py, "aip.eval.expected_steps"))? {
-            annotation = if value.downcast::<PyString>().is_ok() { value } else { json_dumps.call1((value,))? };
-            break;
-        }
-    }
-    let ordered = PyList::new(py, order.iter().map(|&i| &items[i]))?;
-    Ok((ordered, task_key, session, trace_ids, annotation))
 }

@@ -130,7 +130,7 @@ mod tests {
         assert_eq!(s.check(&len(1, &[0x10])), Err(WireError::Malformed)); // truncated varint
         assert_eq!(s.check(&len(1, &len(2, b"x"))), Err(WireError::Unsupported)); // packed / wrong type
         assert_eq!(s.check(&len(1, &[0x0B, 0x0C])), Err(WireError::Unsupported)); // a group
-        // a tag of 6 bytes: upb refuses tags over 5
+                                                                                  // a tag of 6 bytes: upb refuses tags over 5
         assert_eq!(
             s.check(&len(1, &[0x90, 0x80, 0x80, 0x80, 0x80, 0x00, 1])),
             Err(WireError::Malformed)

@@ -35,8 +35,7 @@ from stepwatch.evaluator.partitioning import PartitionFields
 from stepwatch.evaluator.pipeline import AttributeSelection, Observe
 from stepwatch.evaluator.scorers.alignment import BareRows
 from stepwatch.evaluator.steps import genai_tool_calls, unwrap_json
-from stepwatch.evaluator.trajectory import Trajectory
-from stepwatch.evaluator.trajectory import TrajectoryStep
+from stepwatch.evaluator.trajectory import Trajectory, TrajectoryStep
 from stepwatch.evaluator.trajectory_build import STEP_FIELDS_SET, new_trajectory
 
 ABI_VERSION = 3

@@ -16,15 +16,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from native_rig import loadgen_traffic
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from shared_paths import CORPUS
 
 from stepwatch.evaluator.model import Partition, Span
-from stepwatch.evaluator.partitioning import build_partition, partition_sessions, partition_traces, root_spans
+from stepwatch.evaluator.partitioning import (
+    DEFAULT_TASK_KEY_ATTRIBUTES,
+    build_partition,
+    partition_sessions,
+    partition_traces,
+    root_spans,
+)
+from stepwatch.evaluator.pipeline import scoring_attributes
 from stepwatch.evaluator.steps import extract_steps_from_spans
 from stepwatch.evaluator.trajectory_build import build_trajectory_from_spans
 from stepwatch.loaders.files import load_file
 from stepwatch.receiver.codec import spancore
 from stepwatch.receiver.codec.otlp_selective import decode_selected
+from stepwatch.receiver.ingest import split_request
 
 pytestmark = pytest.mark.skipif(not spancore.AVAILABLE, reason=f"native span core: {spancore.STATUS}")
 OBSERVE = spancore.observer()
@@ -76,12 +85,6 @@ def test_corpus_partitions_observe_identically(path: Path) -> None:
 
 
 def test_two_thousand_loadgen_traces_observe_identically(tmp_path: Path) -> None:
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-    from stepwatch.evaluator.pipeline import scoring_attributes
-    from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES
-    from stepwatch.receiver.ingest import split_request
-
     requests, _ = loadgen_traffic(tmp_path, 2000)
     selection = scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES)
     spans: list[Span] = []
@@ -97,13 +100,17 @@ def test_two_thousand_loadgen_traces_observe_identically(tmp_path: Path) -> None
 # -- generated spans: the values the rules treat specially --------------------------------------
 
 WORDS = ["search", "Search-Flights", "book_hotel", "", "TOOL", "tool", "Agent", "AGENT", "llm", "ǅtool", "İ"]
-KINDS = st.sampled_from([None, "TOOL", "tool", "Tool", "AGENT", "agent", "LLM", "CHAIN", "", 7, "ﬆool", "İtool"])
+KINDS = st.sampled_from(
+    [None, "TOOL", "tool", "Tool", "AGENT", "agent", "LLM", "CHAIN", "", 7, "ﬆool", "İtool"]
+)
 OPERATIONS = st.sampled_from([None, "execute_tool", "invoke_agent", "chat", "create_agent", 3])
 COMMON = st.one_of(
     st.none(),
     st.booleans(),
     st.integers(-5, 5),
-    st.sampled_from(["", "12", "007", "-3", "1.5", " 4", "x", '{"a": 1}', "[1, 2", "null", "NaN", "tr", "12.0"]),
+    st.sampled_from(
+        ["", "12", "007", "-3", "1.5", " 4", "x", '{"a": 1}', "[1, 2", "null", "NaN", "tr", "12.0"]
+    ),
     st.sampled_from(WORDS),
     st.floats(-3, 3).map(round),
     st.sampled_from([2.0, -1.0, 0.5, float("inf"), float("nan")]),
@@ -200,7 +207,9 @@ def partitions(draw: st.DrawFn) -> list[Span]:
                 end_time_unix_nano=draw(times),
                 attributes=draw(attributes(rare)),
                 resource_attributes=draw(
-                    st.dictionaries(st.sampled_from(["aip.task.key", "gen_ai.agent.name", "service.name"]), COMMON)
+                    st.dictionaries(
+                        st.sampled_from(["aip.task.key", "gen_ai.agent.name", "service.name"]), COMMON
+                    )
                 ),
                 seq=draw(st.sampled_from([i, 0])),
             )
