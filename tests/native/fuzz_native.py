@@ -12,6 +12,7 @@ test_fuzz_native.py replays the corpus and runs each target for a fixed number o
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import zlib
@@ -26,9 +27,11 @@ with atheris.instrument_imports(include=["stepwatch"]):
     from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
     from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-    from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES
+    from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES, build_partition, root_spans
     from stepwatch.evaluator.pipeline import scoring_attributes
     from stepwatch.evaluator.scorers.alignment import bare_rows
+    from stepwatch.evaluator.steps import extract_steps_from_spans
+    from stepwatch.evaluator.trajectory_build import build_trajectory_from_spans
     from stepwatch.receiver.codec import spancore
     from stepwatch.receiver.codec.framing import read_varint
     from stepwatch.receiver.codec.origin import OriginCache
@@ -159,6 +162,37 @@ def reader(data: bytes) -> None:
     assert full == want_full
 
 
+OBSERVE = spancore.observer()
+FIELDS = spancore.partitioner()
+
+
+def observe(data: bytes) -> None:
+    """The evaluator's native passes (steps, trajectory, partition fields) on whatever spans the
+    bytes decode to, against the Python rules: the same values, or None where Python must decide."""
+    records = [(b"t" * 16, b"s" * 8, 0, payload, ORIGIN) for payload in _frames(data)]
+    try:
+        spans = decode_selected_python(records, SELECTION, set(), 1 << 10, OriginCache())
+    except Exception:
+        return  # bytes no decoder takes: nothing reaches the evaluator
+    assert OBSERVE is not None and FIELDS is not None
+    got = OBSERVE(spans)  # must not raise
+    try:
+        io: dict[int, Any] = {}
+        roots = root_spans(spans)
+        steps = extract_steps_from_spans(spans, io, roots)
+        trajectory = build_trajectory_from_spans(spans, io, roots)
+    except Exception:
+        assert got is None, "native observed spans the Python rules fail on"
+        return
+    if got is not None:
+        assert [dataclasses.asdict(s) for s in got[0]] == [dataclasses.asdict(s) for s in steps]
+        assert _canon(got[1].model_dump()) == _canon(trajectory.model_dump())
+    for kind in ("trace", "session"):
+        native = build_partition(kind, "p", spans, fields=FIELDS)  # type: ignore[arg-type]
+        python = build_partition(kind, "p", spans)  # type: ignore[arg-type]
+        assert _canon(native.model_dump()) == _canon(python.model_dump())
+
+
 def _canon(value: Any) -> Any:
     """NaN as a marker: two NaN objects never compare equal, the same NaN value is no difference."""
     if isinstance(value, float) and math.isnan(value):
@@ -192,6 +226,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "request": request,
     "rows": rows,
     "crc": crc,
+    "observe": observe,
 }
 
 

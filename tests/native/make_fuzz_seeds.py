@@ -153,16 +153,33 @@ def main() -> None:
         "three_bytes": b"\x01\x02\x03",
         "zeros": bytes(4 + 4096),
     }
+    observe = {path.stem: _framed_spans(path) for path in sorted(CORPUS.glob("*.pb"))}
+    observe.update({f"reader_{name}": data for name, data in reader.items()})
     for folder, seeds in (
         ("index", index),
         ("reader", reader),
         ("request", request),
         ("rows", rows),
         ("crc", crc),
+        ("observe", observe),
     ):
         (HERE / folder).mkdir(parents=True, exist_ok=True)
         for name, data in seeds.items():
             (HERE / folder / name).write_bytes(data)
+
+
+def _framed_spans(path: Path, most: int = 16_000) -> bytes:
+    """A corpus request's spans as the reader targets' framed payloads, up to `most` bytes."""
+    request = ExportTraceServiceRequest.FromString(path.read_bytes())
+    out = b""
+    for resource_spans in request.resource_spans:
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                framed = _frame(span.SerializeToString())
+                if len(out) + len(framed) > most:
+                    return out
+                out += framed
+    return out
 
 
 if __name__ == "__main__":
