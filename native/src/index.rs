@@ -2,6 +2,7 @@
 //! over its bytes: every span's extent, ids, parent, name and end time, and each span's origin
 //! (its resource and scope, as bytes). Only the framing and those span fields are read.
 
+use crate::validate::{Schema, MAX_DEPTH};
 use crate::wire::{Fields, Value, WireError};
 
 /// Concatenated occurrences of a singular message field: the wire form of their merge.
@@ -38,79 +39,168 @@ const EMPTY: (usize, usize) = (0, 0);
 
 /// Index every span of the request, in document order (resource_spans, scope_spans, spans).
 pub fn index(data: &[u8]) -> Result<SpanIndex, WireError> {
-    let mut out = SpanIndex::default();
-    let mut request = Fields::new(data);
-    while let Some((number, value)) = request.next_field()? {
-        if let (1, Value::Len(start, end)) = (number, value) {
-            resource_spans(&request.nested(start, end), &mut out)?;
-        }
-    }
-    Ok(out)
+    Walk { schema: None }.request(data)
 }
 
-fn resource_spans(fields: &Fields<'_>, out: &mut SpanIndex) -> Result<(), WireError> {
-    // the resource may follow its scope_spans on the wire: collect both, then index the spans
-    let mut scan = fields.nested_all();
-    let mut resource = Pieces::default();
-    let mut scopes: Vec<(usize, usize)> = Vec::new();
-    while let Some((number, value)) = scan.next_field()? {
-        match (number, value) {
-            (1, Value::Len(start, end)) => resource.0.push((start, end)),
-            (2, Value::Len(start, end)) => scopes.push((start, end)),
-            _ => {}
-        }
-    }
-    let resource_index = out.resources.len();
-    out.resources.push(resource);
-    for (start, end) in scopes {
-        scope_spans(&fields.nested(start, end), resource_index, out)?;
-    }
-    Ok(())
+/// `index`, in the same pass checking every field the way upb parses the request (`schema`,
+/// validate.rs): Err unless upb is known to accept the bytes, as `schema.check(data)` would say.
+pub fn index_checked(data: &[u8], schema: &Schema) -> Result<SpanIndex, WireError> {
+    Walk { schema: Some(schema) }.request(data)
 }
 
-fn scope_spans(fields: &Fields<'_>, resource: usize, out: &mut SpanIndex) -> Result<(), WireError> {
-    let mut scan = fields.nested_all();
-    let mut scope = Pieces::default();
-    let origin = out.origins.len();
-    let first_span = out.spans.len();
-    while let Some((number, value)) = scan.next_field()? {
-        match (number, value) {
-            (1, Value::Len(start, end)) => scope.0.push((start, end)),
-            (2, Value::Len(start, end)) => {
-                out.spans
-                    .push(span(&fields.nested(start, end), origin, (start, end))?)
+/// The index's walk, with the request check folded in when there is a schema: each level checks
+/// its own fields and checks whole the nested messages the index does not walk into.
+struct Walk<'s> {
+    schema: Option<&'s Schema>,
+}
+
+/// Message indices in the schema of the levels the index walks (0 is the request).
+#[derive(Clone, Copy)]
+struct Level {
+    message: usize,
+    depth: usize,
+}
+
+impl Walk<'_> {
+    fn next(&self, scan: &mut Fields<'_>) -> Result<Option<(u32, Value)>, WireError> {
+        if self.schema.is_some() {
+            scan.next_field_strict()
+        } else {
+            scan.next_field()
+        }
+    }
+
+    /// Checks one field (with a schema); `walked` is the field the index walks into itself.
+    fn check(
+        &self,
+        fields: &Fields<'_>,
+        at: Level,
+        number: u32,
+        value: Value,
+        walked: u32,
+    ) -> Result<(), WireError> {
+        match self.schema {
+            Some(schema) => schema.check_field(fields, at.message, number, value, at.depth, number != walked),
+            None => Ok(()),
+        }
+    }
+
+    /// The level below `at` through field `number` (its message type in the schema).
+    fn below(&self, at: Level, number: u32) -> Result<Level, WireError> {
+        let message = match self.schema {
+            Some(schema) => schema
+                .nested_message(at.message, number)
+                .ok_or(WireError::Unsupported)?,
+            None => 0,
+        };
+        if at.depth + 1 > MAX_DEPTH {
+            return Err(WireError::Unsupported);
+        }
+        Ok(Level {
+            message,
+            depth: at.depth + 1,
+        })
+    }
+
+    fn request(&self, data: &[u8]) -> Result<SpanIndex, WireError> {
+        let mut out = SpanIndex::default();
+        let top = Level { message: 0, depth: 0 };
+        let fields = Fields::new(data);
+        let mut request = fields.nested_all();
+        while let Some((number, value)) = self.next(&mut request)? {
+            self.check(&fields, top, number, value, 1)?;
+            if let (1, Value::Len(start, end)) = (number, value) {
+                self.resource_spans(&fields.nested(start, end), self.below(top, 1)?, &mut out)?;
             }
-            _ => {}
         }
+        Ok(out)
     }
-    debug_assert!(out.spans[first_span..].iter().all(|s| s.origin == origin));
-    out.origins.push(Origin { resource, scope });
-    Ok(())
-}
 
-fn span(fields: &Fields<'_>, origin: usize, extent: (usize, usize)) -> Result<SpanEntry, WireError> {
-    let mut entry = SpanEntry {
-        origin,
-        extent,
-        trace_id: EMPTY,
-        span_id: EMPTY,
-        parent: EMPTY,
-        name: EMPTY,
-        end_time: 0,
-    };
-    let mut scan = fields.nested_all();
-    // a repeated singular field keeps its last value; a field of the wrong wire type is unknown
-    while let Some((number, value)) = scan.next_field()? {
-        match (number, value) {
-            (1, Value::Len(s, e)) => entry.trace_id = (s, e),
-            (2, Value::Len(s, e)) => entry.span_id = (s, e),
-            (4, Value::Len(s, e)) => entry.parent = (s, e),
-            (5, Value::Len(s, e)) => entry.name = (s, e),
-            (8, Value::Fixed64(v)) => entry.end_time = v,
-            _ => {}
+    fn resource_spans(&self, fields: &Fields<'_>, at: Level, out: &mut SpanIndex) -> Result<(), WireError> {
+        // the resource may follow its scope_spans on the wire: collect both, then index the spans
+        let mut scan = fields.nested_all();
+        let mut resource = Pieces::default();
+        let mut scopes: Vec<(usize, usize)> = Vec::new();
+        while let Some((number, value)) = self.next(&mut scan)? {
+            self.check(fields, at, number, value, 2)?;
+            match (number, value) {
+                (1, Value::Len(start, end)) => resource.0.push((start, end)),
+                (2, Value::Len(start, end)) => scopes.push((start, end)),
+                _ => {}
+            }
         }
+        let resource_index = out.resources.len();
+        out.resources.push(resource);
+        let below = if scopes.is_empty() { at } else { self.below(at, 2)? };
+        for (start, end) in scopes {
+            self.scope_spans(&fields.nested(start, end), below, resource_index, out)?;
+        }
+        Ok(())
     }
-    Ok(entry)
+
+    fn scope_spans(
+        &self,
+        fields: &Fields<'_>,
+        at: Level,
+        resource: usize,
+        out: &mut SpanIndex,
+    ) -> Result<(), WireError> {
+        let mut scan = fields.nested_all();
+        let mut scope = Pieces::default();
+        let origin = out.origins.len();
+        let first_span = out.spans.len();
+        let mut span_level: Option<Level> = None;
+        while let Some((number, value)) = self.next(&mut scan)? {
+            self.check(fields, at, number, value, 2)?;
+            match (number, value) {
+                (1, Value::Len(start, end)) => scope.0.push((start, end)),
+                (2, Value::Len(start, end)) => {
+                    let level = match span_level {
+                        Some(level) => level,
+                        None => *span_level.insert(self.below(at, 2)?),
+                    };
+                    out.spans
+                        .push(self.span(&fields.nested(start, end), level, origin, (start, end))?)
+                }
+                _ => {}
+            }
+        }
+        debug_assert!(out.spans[first_span..].iter().all(|s| s.origin == origin));
+        out.origins.push(Origin { resource, scope });
+        Ok(())
+    }
+
+    fn span(
+        &self,
+        fields: &Fields<'_>,
+        at: Level,
+        origin: usize,
+        extent: (usize, usize),
+    ) -> Result<SpanEntry, WireError> {
+        let mut entry = SpanEntry {
+            origin,
+            extent,
+            trace_id: EMPTY,
+            span_id: EMPTY,
+            parent: EMPTY,
+            name: EMPTY,
+            end_time: 0,
+        };
+        let mut scan = fields.nested_all();
+        // a repeated singular field keeps its last value; a field of the wrong wire type is unknown
+        while let Some((number, value)) = self.next(&mut scan)? {
+            self.check(fields, at, number, value, 0)?;
+            match (number, value) {
+                (1, Value::Len(s, e)) => entry.trace_id = (s, e),
+                (2, Value::Len(s, e)) => entry.span_id = (s, e),
+                (4, Value::Len(s, e)) => entry.parent = (s, e),
+                (5, Value::Len(s, e)) => entry.name = (s, e),
+                (8, Value::Fixed64(v)) => entry.end_time = v,
+                _ => {}
+            }
+        }
+        Ok(entry)
+    }
 }
 
 const ZERO: [u8; 16] = [0; 16];

@@ -80,10 +80,11 @@ fn index_request<'py>(
     data: &[u8],
     schema: Option<&RequestSchema>,
 ) -> PyResult<Option<Indexed<'py>>> {
-    if schema.is_some_and(|s| s.0.check(data).is_err()) {
-        return Ok(None);
-    }
-    let Ok(found) = index::index(data) else {
+    let found = match schema {
+        Some(schema) => index::index_checked(data, &schema.0),
+        None => index::index(data),
+    };
+    let Ok(found) = found else {
         return Ok(None);
     };
     let mut rejected: Vec<Bound<'py, PyTuple>> = Vec::new();

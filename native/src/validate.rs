@@ -76,27 +76,55 @@ impl Schema {
         }
         let mut scan = fields.nested_all();
         while let Some((number, value)) = scan.next_field_strict()? {
-            let Some(kind) = self.kind(message, number) else {
-                continue; // unknown: kept as bytes by upb, whatever it holds
-            };
-            match (kind, value) {
-                (Kind::Varint, Value::Varint(_))
-                | (Kind::Fixed64, Value::Fixed64(_))
-                | (Kind::Fixed32, Value::Fixed32(_))
-                | (Kind::Bytes, Value::Len(..)) => {}
-                (Kind::Str, Value::Len(start, end)) => {
-                    if !is_utf8(fields.bytes(start, end)) {
-                        return Err(WireError::Malformed);
-                    }
-                }
-                (Kind::Message(nested), Value::Len(start, end)) => {
-                    self.check_message(&fields.nested(start, end), nested, depth + 1)?
-                }
-                // packed scalars, or a declared field of another wire type: upb decides
-                _ => return Err(WireError::Unsupported),
-            }
+            self.check_field(fields, message, number, value, depth, true)?;
         }
         Ok(())
+    }
+
+    /// One field of message `message` (at `depth`) as upb takes it; a nested message is checked
+    /// whole unless `descend` is false (the caller walks it itself: the ingest index).
+    pub fn check_field(
+        &self,
+        fields: &Fields<'_>,
+        message: usize,
+        number: u32,
+        value: Value,
+        depth: usize,
+        descend: bool,
+    ) -> Result<(), WireError> {
+        let Some(kind) = self.kind(message, number) else {
+            return Ok(()); // unknown: kept as bytes by upb, whatever it holds
+        };
+        match (kind, value) {
+            (Kind::Varint, Value::Varint(_))
+            | (Kind::Fixed64, Value::Fixed64(_))
+            | (Kind::Fixed32, Value::Fixed32(_))
+            | (Kind::Bytes, Value::Len(..)) => Ok(()),
+            (Kind::Str, Value::Len(start, end)) => {
+                if is_utf8(fields.bytes(start, end)) {
+                    Ok(())
+                } else {
+                    Err(WireError::Malformed)
+                }
+            }
+            (Kind::Message(nested), Value::Len(start, end)) => {
+                if descend {
+                    self.check_message(&fields.nested(start, end), nested, depth + 1)
+                } else {
+                    Ok(())
+                }
+            }
+            // packed scalars, or a declared field of another wire type: upb decides
+            _ => Err(WireError::Unsupported),
+        }
+    }
+
+    /// The message type field `number` of message `message` holds, if it is a message field.
+    pub fn nested_message(&self, message: usize, number: u32) -> Option<usize> {
+        match self.kind(message, number) {
+            Some(Kind::Message(nested)) => Some(nested),
+            _ => None,
+        }
     }
 }
 
