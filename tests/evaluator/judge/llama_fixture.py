@@ -163,12 +163,12 @@ def ensure_sdist() -> Path:
     if not sdist.exists() or _sha256(sdist) != LLAMA_CPP_SDIST_SHA256:
         downloads.mkdir(parents=True, exist_ok=True)
         sdist.unlink(missing_ok=True)
-        spec = f"llama-cpp-python=={LLAMA_CPP_VERSION}"
-        _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", str(downloads), spec])
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:"]
+        _run([*pip, "-d", str(downloads), f"llama-cpp-python=={LLAMA_CPP_VERSION}"])
         digest = _sha256(sdist)
         if digest != LLAMA_CPP_SDIST_SHA256:
             sdist.unlink()
-            raise RuntimeError(f"{LLAMA_CPP_SDIST}: sha256 {digest} is not the pinned {LLAMA_CPP_SDIST_SHA256}")
+            raise RuntimeError(f"{LLAMA_CPP_SDIST}: sha256 {digest}, pinned {LLAMA_CPP_SDIST_SHA256}")
     return sdist
 
 
