@@ -177,7 +177,7 @@ def _build_id() -> str:
 
 
 def server_binary() -> Path:
-    """`llama-server`, built once from the sdist's vendored llama.cpp (~N min on 2 cores)."""
+    """`llama-server`, built once from the sdist's vendored llama.cpp (~16 CPU-minutes: 9 min on 2 shared cores)."""
     home = CACHE / "llama-server" / _build_id()
     binary = home / "bin" / "llama-server"
     stamp = home / "built-from"
@@ -202,7 +202,7 @@ def server_binary() -> Path:
     partial = binary.with_suffix(".partial")
     shutil.copy2(build / "bin" / "llama-server", partial)
     partial.replace(binary)
-    shutil.rmtree(work, ignore_errors=True)  # ~N MB of sources and objects; the binary is static
+    shutil.rmtree(work, ignore_errors=True)  # ~260 MB of sources and objects; the binary is static
     stamp.write_text(f"{spec} {_stamp(binary)}")
     _log(f"llama-server built in {time.monotonic() - started:.0f}s: {binary}")
     return binary
