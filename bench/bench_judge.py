@@ -5,8 +5,8 @@ requests and tokens per trajectory, judged partitions per second; medians of run
     .venv/bin/python bench/bench_judge.py --model qwen2.5-coder-0.5b-instruct-q4_k_m --split dev
     .venv/bin/python bench/bench_judge.py --base-url http://127.0.0.1:8080/v1 --served-model m
 
-Without --base-url it starts llama-cpp-python's server itself (tests/evaluator/judge/llama_fixture.py:
-built and cached under .cache/judge/ on first use). Each run uses a fresh judge (empty answer
+Without --base-url it starts llama.cpp's `llama-server` itself (tests/evaluator/judge/llama_fixture.py:
+built from source and cached under .cache/judge/ on first use). Each run uses a fresh judge (empty answer
 cache), so every run pays for every request; the server keeps its own prompt-prefix cache, as a
 production server does. The labelled set is tests/evaluator/judge/data/trajectories.json: `dev` is for
 tuning the prompt, `test` is reported and never tuned on. The local (lexical) judge is scored on

