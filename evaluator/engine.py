@@ -27,10 +27,11 @@ from .expectations.store import ExpectationsStore
 from .judge.runner import JudgeRunner
 from .ledger import pack_span_ids
 from .model import Partition, Span
-from .partitioning import PartitionFields, build_partition
+from .partitioning import PartitionDerived, PartitionFields, build_partition
 from .pipeline import (
     AttributeSelection,
     Observe,
+    Observed,
     build_scoring_input,
     is_async_scorer,
     reads_span_attributes,
@@ -56,6 +57,14 @@ Guard = Callable[[ScoringInput], str | None]
 
 SpanDecoder = Callable[[Sequence[SpanRecord], AttributeSelection | None], list[Span]]
 """A closed partition's span records as canonical spans (limits applied); None selection: whole."""
+
+ObservedDecoder = Callable[
+    [Sequence[SpanRecord], AttributeSelection, Sequence[str], bool], tuple[PartitionDerived, Observed] | None
+]
+"""(records, selection, task key attributes, whether the session id is wanted) -> the SpanDecoder's
+spans as build_partition derives them and their steps and trajectory, in one pass; None to leave it
+to the SpanDecoder, build_partition and Observe one after the other (the composition root's native
+one: the evaluator imports nothing native)."""
 
 
 class TenantKeys(Protocol):
@@ -108,9 +117,10 @@ def evaluate(
     scorers: Sequence[Scorer],
     guard: Guard,
     observe: Observe | None = None,
+    observed: Observed | None = None,
 ) -> Evaluation:
     """The one scoring step of serve and score: input, guard, the sync scorers now, async left."""
-    inp = build_scoring_input(partition, expectation, observe=observe)
+    inp = build_scoring_input(partition, expectation, observe=observe, observed=observed)
     # alignment too large for the shared worker: those scorers are not_scored, the rest run
     run, skipped = guarded_scorers(scorers, guard(inp))
     sync = [s for s in run if not is_async_scorer(s)]
@@ -150,10 +160,12 @@ class EvaluationEngine:
         judge_runner: JudgeRunner | None = None,
         observe: Observe | None = None,
         partition_fields: PartitionFields | None = None,
+        decode_observed: ObservedDecoder | None = None,
     ) -> None:
         self.buffer = buffer
         self._observe = observe
         self._fields = partition_fields
+        self._decode_observed = decode_observed
         self.scorers = scorers
         self.accounting = accounting
         self.backlog = backlog
@@ -326,10 +338,16 @@ class EvaluationEngine:
         else:
             tenant, partition_id = tenants.split_trace(closed.partition_id)
         store = self._expectations(tenant)  # this tenant's own, never another's
-        spans = self._decode(closed.records, self._selection(store))
+        selection = self._selection(store)
+        found = None
+        if selection is not None and self._decode_observed is not None:
+            # derived with the steps even for a trace that joins a session (scored there instead)
+            found = self._decode_observed(closed.records, selection, keys, closed.partition_type != "session")
+        derived, observed = found if found is not None else (None, None)
+        spans = derived[0] if derived is not None else self._decode(closed.records, selection)
         if closed.needs_routing:
             partition = build_partition(
-                "trace", partition_id, spans, task_key_attributes=keys, fields=self._fields
+                "trace", partition_id, spans, task_key_attributes=keys, fields=self._fields, derived=derived
             )
             expectation = store.get(partition.task_key)
             if expectation is not None and expectation.partition == "session" and partition.session_id:
@@ -349,6 +367,7 @@ class EvaluationEngine:
                 spans,
                 task_key_attributes=keys,
                 fields=self._fields,
+                derived=derived,
                 session_id=partition_id,
             )
             # the session was formed under its first trace's task key; keep scoring it against that
@@ -358,10 +377,10 @@ class EvaluationEngine:
             expectation = store.get(task_key)
         else:
             partition = build_partition(
-                "trace", partition_id, spans, task_key_attributes=keys, fields=self._fields
+                "trace", partition_id, spans, task_key_attributes=keys, fields=self._fields, derived=derived
             )
             expectation = store.get(partition.task_key)
-        return self._score(partition, expectation, closed, store, tenant), []
+        return self._score(partition, expectation, closed, store, tenant, observed), []
 
     def _selection(self, store: ExpectationsStore) -> AttributeSelection | None:
         """The scoring attributes, when no scorer any of the store's partitions may get reads other
@@ -392,9 +411,15 @@ class EvaluationEngine:
         closed: ClosedPartition,
         store: ExpectationsStore,
         tenant: str,
+        observed: Observed | None = None,
     ) -> _Scored:
         done = evaluate(
-            partition, expectation, self.scorers.scorers_for(expectation), self._guard, self._observe
+            partition,
+            expectation,
+            self.scorers.scorers_for(expectation),
+            self._guard,
+            self._observe,
+            observed,
         )
         acc = self.accounting
         with acc.scoring_lock:

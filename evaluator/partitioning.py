@@ -103,12 +103,14 @@ def _annotations(roots: Sequence[Span]) -> dict[str, str]:
     return {}
 
 
-PartitionFields = Callable[
-    [list[Span], Sequence[str], bool], tuple[list[Span], str | None, str | None, list[str], str | None] | None
-]
-"""(spans, task key attributes, whether the session id is wanted) -> (spans in span order, task key,
-session id, trace ids, expected-steps annotation), exactly as build_partition derives them, or None
-to leave it to it: the composition root's faster native one (the evaluator imports nothing native)."""
+PartitionDerived = tuple[list[Span], str | None, str | None, list[str], str | None]
+"""(spans in span order, task key, session id its spans name, trace ids, expected-steps
+annotation): what build_partition derives from a partition's spans."""
+
+PartitionFields = Callable[[list[Span], Sequence[str], bool], PartitionDerived | None]
+"""(spans, task key attributes, whether the session id is wanted) -> their PartitionDerived,
+exactly as build_partition derives it, or None to leave it to it: the composition root's faster
+native one (the evaluator imports nothing native)."""
 
 
 def build_partition(
@@ -119,13 +121,15 @@ def build_partition(
     task_key_attributes: Sequence[str] = DEFAULT_TASK_KEY_ATTRIBUTES,
     session_id: str | None = None,
     fields: PartitionFields | None = None,
+    derived: PartitionDerived | None = None,
 ) -> Partition:
     """One Partition from a closed trace or session: spans sorted, task key and annotations set.
 
     For a trace partition `session_id` defaults to the session its spans name (if any).
+    `derived`: what `fields` would give, when the decoder already derived it (`spans` unused).
     """
-    found = None
-    if fields is not None:
+    found = derived
+    if found is None and fields is not None:
         spans = spans if type(spans) is list else list(spans)
         found = fields(spans, task_key_attributes, session_id is None and partition_type != "session")
     if found is not None:

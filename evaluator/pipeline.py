@@ -76,10 +76,13 @@ def resolve_expected_steps(
     return None, None
 
 
-Observe = Callable[[list[Span]], tuple[list[Step], Trajectory] | None]
-"""The observed steps and trajectory of a partition's spans, exactly as extract_steps_from_spans
-and build_trajectory_from_spans give them, or None to leave it to them: the composition root's
-faster native one (the evaluator imports nothing native)."""
+Observed = tuple[list[Step], Trajectory]
+"""A partition's observed steps and trajectory, as extract_steps_from_spans and
+build_trajectory_from_spans give them."""
+
+Observe = Callable[[list[Span]], Observed | None]
+"""The Observed of a partition's spans, or None to leave it to the Python functions: the
+composition root's faster native one (the evaluator imports nothing native)."""
 
 
 def build_scoring_input(
@@ -88,8 +91,10 @@ def build_scoring_input(
     scoring_method_override: ScoringMethod | None = None,
     extras: Mapping[str, object] | None = None,
     observe: Observe | None = None,
+    observed: Observed | None = None,
 ) -> ScoringInput:
-    """Everything the scorers read about one closed partition, built once."""
+    """Everything the scorers read about one closed partition, built once. `observed`: its steps
+    and trajectory when the decoder already derived them (engine.ObservedDecoder)."""
     expected_steps, error = resolve_expected_steps(partition, expectation)
     method: ScoringMethod = scoring_method_override or (
         expectation.scoring_method if expectation is not None else "edit_distance"
@@ -97,7 +102,8 @@ def build_scoring_input(
     all_extras: dict[str, object] = dict(extras or {})
     if error is not None:
         all_extras[EXPECTED_STEPS_ERROR] = error
-    observed = observe(partition.spans) if observe is not None else None
+    if observed is None and observe is not None:
+        observed = observe(partition.spans)
     if observed is None:
         io: ToolIO = {}  # each tool span's input/output JSON parsed once for steps and trajectory
         roots = root_spans(partition.spans)  # once for both

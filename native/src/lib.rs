@@ -296,22 +296,95 @@ impl<'py> Maker<'py> {
     }
 }
 
-/// Per-span limits that send a span to the whole decode (`decode_records_for_limits`).
+/// The per-span limits (`decode_records_for_limits`): (most encoded bytes of a value no
+/// value-length limit can touch, max attribute value length, max JSON depth).
 #[derive(Clone, Copy)]
 struct Limits {
     most_bytes: i64,
+    max_length: i64,
     max_json_depth: i64,
 }
 
-/// Whether `payload` holds more than `limit` '[' / '{' bytes: counted 256 bytes at a time (a loop
-/// the compiler vectorizes), stopping as soon as the answer is known.
+impl Limits {
+    fn new((most_bytes, max_length, max_json_depth): (i64, i64, i64)) -> Self {
+        Limits {
+            most_bytes,
+            max_length,
+            max_json_depth,
+        }
+    }
+
+    /// Whether a whole decode's limits (security/limits.py `limit_spans`) would change or count
+    /// any of the span's attribute values, so it must be decoded whole and limited: otlp_selective
+    /// `over_limits`, the same rule. The payload's size and bracket count rule most spans out at
+    /// once; otherwise each key's last value is checked: a string exactly (longer than the limit,
+    /// or nested deeper as JSON), any other value by its encoded size and bracket count.
+    fn touch(&self, payload: &[u8], attributes: &[(&str, &[u8])]) -> bool {
+        if !self.may_touch(payload) {
+            return false;
+        }
+        attributes.iter().enumerate().any(|(i, &(key, value))| {
+            self.value_over(value) && !attributes[i + 1..].iter().any(|&(later, _)| later == key)
+        })
+    }
+
+    fn may_touch(&self, bytes: &[u8]) -> bool {
+        bytes.len() as i64 > self.most_bytes || brackets_over(bytes, self.max_json_depth)
+    }
+
+    fn value_over(&self, value: &[u8]) -> bool {
+        match lean::simple(value) {
+            Some(Simple::Str(text)) => {
+                let chars = text.bytes().filter(|&b| b & 0xC0 != 0x80).count();
+                chars as i64 > self.max_length
+                    || (brackets_over(text.as_bytes(), self.max_json_depth)
+                        && json_depth_exceeds(text.as_bytes(), self.max_json_depth))
+            }
+            _ => self.may_touch(value),
+        }
+    }
+}
+
+/// security/limits.py `json_depth_exceeds` on UTF-8 bytes (its quotes, backslashes and brackets
+/// are ASCII, which no multi-byte character contains, so the byte scan is the character scan).
+fn json_depth_exceeds(text: &[u8], max_depth: i64) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0i64, false, false);
+    for &b in text {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+        } else if b == b'"' {
+            in_string = true;
+        } else if b == b'[' || b == b'{' {
+            depth += 1;
+            if depth > max_depth {
+                return true;
+            }
+        } else if b == b']' || b == b'}' {
+            depth -= 1;
+        }
+    }
+    false
+}
+
+/// Whether `payload` holds more than `limit` '[' / '{' bytes: counted into a byte per lane, 255
+/// bytes at a time (a loop the compiler vectorizes to 16 bytes an instruction), stopping as soon
+/// as the answer is known. '[' (0x5B) and '{' (0x7B) differ only in bit 0x20, so one compare.
 fn brackets_over(payload: &[u8], limit: i64) -> bool {
+    if payload.len() as i64 <= limit {
+        return false;
+    }
     let mut count: i64 = 0;
-    for chunk in payload.chunks(256) {
-        count += chunk
+    for chunk in payload.chunks(255) {
+        let in_chunk = chunk
             .iter()
-            .map(|&b| u32::from(b == b'[' || b == b'{'))
-            .sum::<u32>() as i64;
+            .fold(0u8, |n, &b| n.wrapping_add(u8::from(b | 0x20 == b'{')));
+        count += i64::from(in_chunk);
         if count > limit {
             return true;
         }
@@ -335,7 +408,7 @@ fn read_spans<'py>(
     selector: &Selector,
     full: &Bound<'py, PySet>,
     max_attributes: usize,
-    limits: Option<(i64, i64)>,
+    limits: Option<(i64, i64, i64)>,
     origin_of: &Bound<'py, PyAny>,
     value_of: &Bound<'py, PyAny>,
     whole: &Bound<'py, PyAny>,
@@ -343,20 +416,8 @@ fn read_spans<'py>(
     model: Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
 ) -> PyResult<Option<Bound<'py, PyList>>> {
     let maker = Maker::new(py, make, model)?;
-    let limits = limits.map(|(most_bytes, max_json_depth)| Limits {
-        most_bytes,
-        max_json_depth,
-    });
-    let mut payloads: Vec<Bound<'py, PyBytes>> = Vec::with_capacity(records.len());
-    let mut origins: Vec<Bound<'py, PyAny>> = Vec::with_capacity(records.len());
-    for record in records.iter() {
-        let record = record.downcast_into::<PyTuple>()?;
-        if record.len() != 5 {
-            return Err(PyValueError::new_err("a span record is a 5-tuple"));
-        }
-        payloads.push(record.get_item(3)?.downcast_into::<PyBytes>()?);
-        origins.push(record.get_item(4)?);
-    }
+    let limits = limits.map(Limits::new);
+    let (payloads, origins) = record_parts(records)?;
     // parse everything first: bytes not handled here leave the work to Python before any callback
     let mut spans = Vec::with_capacity(payloads.len());
     for payload in &payloads {
@@ -374,9 +435,8 @@ fn read_spans<'py>(
         }
     }
     if let Some(limits) = limits {
-        for (i, payload) in payloads.iter().enumerate() {
-            let bytes = payload.as_bytes();
-            if bytes.len() as i64 > limits.most_bytes || brackets_over(bytes, limits.max_json_depth) {
+        for (i, (payload, span)) in payloads.iter().zip(&spans).enumerate() {
+            if !forced[i] && limits.touch(payload.as_bytes(), &span.attributes) {
                 forced[i] = true;
                 full.add(i)?;
             }
@@ -395,10 +455,36 @@ fn read_spans<'py>(
         value_of,
         whole,
         &maker,
+        None,
     ) {
         Ok(out) => Ok(Some(out)),
         Err(_) => Ok(None), // a callback raised: the Python path raises it in its own order
     }
+}
+
+/// (encoded span, origin) of each record.
+#[allow(clippy::type_complexity)]
+fn record_parts<'py>(
+    records: &Bound<'py, PyList>,
+) -> PyResult<(Vec<Bound<'py, PyBytes>>, Vec<Bound<'py, PyAny>>)> {
+    let mut payloads: Vec<Bound<'py, PyBytes>> = Vec::with_capacity(records.len());
+    let mut origins: Vec<Bound<'py, PyAny>> = Vec::with_capacity(records.len());
+    for record in records.iter() {
+        let record = record.downcast_into::<PyTuple>()?;
+        if record.len() != 5 {
+            return Err(PyValueError::new_err("a span record is a 5-tuple"));
+        }
+        payloads.push(record.get_item(3)?.downcast_into::<PyBytes>()?);
+        origins.push(record.get_item(4)?);
+    }
+    Ok((payloads, origins))
+}
+
+/// What the fused read (`read_observe`) keeps of each span besides its Span: the view the
+/// partition fields and the steps pass read, and its resource attributes.
+struct Fused<'py> {
+    views: Vec<observe::View<'py>>,
+    resources: Vec<Bound<'py, PyAny>>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -415,6 +501,7 @@ fn build<'py, 'a>(
     value_of: &Bound<'py, PyAny>,
     whole: &Bound<'py, PyAny>,
     maker: &Maker<'py>,
+    mut fused: Option<&mut Fused<'py>>,
 ) -> PyResult<Bound<'py, PyList>> {
     let out = PyList::empty(py);
     let kinds: Vec<Bound<'py, PyString>> = SPAN_KINDS.iter().map(|k| PyString::new(py, k)).collect();
@@ -437,6 +524,11 @@ fn build<'py, 'a>(
             let pair = origin_of.call1((this,))?;
             resource_attributes = pair.get_item(0)?;
             scope_name = pair.get_item(1)?;
+            if fused.is_some() && !pair.get_item(2)?.is_truthy()? {
+                return Err(PyValueError::new_err(
+                    "a resource over the limits: limit the spans first",
+                ));
+            }
             origin = Some(this);
         }
         let many =
@@ -478,20 +570,22 @@ fn build<'py, 'a>(
             .filter(|&c| c < STATUS_CODES.len())
             .unwrap_or(0);
         let fields = template.copy()?; // presized: no resizing per span
-        fields.set_item(intern!(py, "trace_id"), hex_cached(py, &mut ids, span.trace_id))?;
-        fields.set_item(intern!(py, "span_id"), hex_cached(py, &mut ids, span.span_id))?;
-        if span.parent_span_id.is_empty() {
-            fields.set_item(intern!(py, "parent_span_id"), py.None())?;
-        } else {
-            fields.set_item(
-                intern!(py, "parent_span_id"),
-                hex_cached(py, &mut ids, span.parent_span_id),
-            )?;
+        let trace_py = hex_cached(py, &mut ids, span.trace_id);
+        let span_py = hex_cached(py, &mut ids, span.span_id);
+        let parent_py =
+            (!span.parent_span_id.is_empty()).then(|| hex_cached(py, &mut ids, span.parent_span_id));
+        let name_py = PyString::new(py, span.name);
+        let start_py = time_value(py, span.start_time)?;
+        fields.set_item(intern!(py, "trace_id"), &trace_py)?;
+        fields.set_item(intern!(py, "span_id"), &span_py)?;
+        match &parent_py {
+            None => fields.set_item(intern!(py, "parent_span_id"), py.None())?,
+            Some(parent) => fields.set_item(intern!(py, "parent_span_id"), parent)?,
         }
-        fields.set_item(intern!(py, "name"), span.name)?;
+        fields.set_item(intern!(py, "name"), &name_py)?;
         fields.set_item(intern!(py, "kind"), &kinds[kind])?;
-        set_time(py, &fields, intern!(py, "start_time_unix_nano"), span.start_time)?;
-        set_time(py, &fields, intern!(py, "end_time_unix_nano"), span.end_time)?;
+        fields.set_item(intern!(py, "start_time_unix_nano"), &start_py)?;
+        fields.set_item(intern!(py, "end_time_unix_nano"), time_value(py, span.end_time)?)?;
         fields.set_item(intern!(py, "status_code"), &codes[code])?;
         if span.status_message.is_empty() {
             fields.set_item(intern!(py, "status_message"), &empty)?;
@@ -502,21 +596,35 @@ fn build<'py, 'a>(
         fields.set_item(intern!(py, "resource_attributes"), &resource_attributes)?;
         fields.set_item(intern!(py, "scope_name"), &scope_name)?;
         fields.set_item(intern!(py, "seq"), index)?;
+        if let Some(fused) = fused.as_deref_mut() {
+            let time = |nanos: u64| (nanos != 0).then_some(i128::from(nanos));
+            fused.views.push(observe::View {
+                attrs: fields
+                    .get_item(intern!(py, "attributes"))?
+                    .ok_or_else(|| PyValueError::new_err("no attributes"))?
+                    .downcast_into::<PyDict>()?,
+                trace_py,
+                span_py,
+                parent_py,
+                name_py,
+                start_py,
+                start: time(span.start_time),
+                end: time(span.end_time),
+                seq: index as i128,
+            });
+            fused.resources.push(resource_attributes.clone());
+        }
         out.append(maker.make(fields)?)?;
     }
     Ok(out)
 }
 
-fn set_time<'py>(
-    py: Python<'py>,
-    fields: &Bound<'py, PyDict>,
-    key: &Bound<'py, PyString>,
-    nanos: u64,
-) -> PyResult<()> {
+/// A span time as the canonical Span holds it: None for 0 (unset), else the int.
+fn time_value(py: Python<'_>, nanos: u64) -> PyResult<Bound<'_, PyAny>> {
     if nanos == 0 {
-        fields.set_item(key, py.None())
+        Ok(py.None().into_bound(py))
     } else {
-        fields.set_item(key, nanos)
+        Ok(nanos.into_pyobject(py)?.into_any())
     }
 }
 
@@ -544,8 +652,27 @@ fn observe_spans<'py>(
     step: Bound<'py, PyAny>,
     trajectory_step: (Bound<'py, PyAny>, Bound<'py, PyAny>),
 ) -> PyResult<Option<observe::Observed<'py>>> {
+    let hooks = observe_hooks(py, hooks, step, trajectory_step)?;
+    Ok(observe::observe(spans, &hooks).ok())
+}
+
+/// The evaluator's functions (unwrap_json, genai_tool_calls, normalise_tool_name, json.dumps)
+/// and classes (Step; TrajectoryStep and its shared fields set) the steps pass calls and builds.
+type HookArgs<'py> = (
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+);
+
+fn observe_hooks<'py>(
+    py: Python<'py>,
+    hooks: HookArgs<'py>,
+    step: Bound<'py, PyAny>,
+    trajectory_step: (Bound<'py, PyAny>, Bound<'py, PyAny>),
+) -> PyResult<observe::Hooks<'py>> {
     let (unwrap_json, genai_tool_calls, normalise_tool_name, json_dumps) = hooks;
-    let hooks = observe::Hooks {
+    Ok(observe::Hooks {
         unwrap_json,
         genai_tool_calls,
         normalise_tool_name,
@@ -553,8 +680,100 @@ fn observe_spans<'py>(
         trajectory_step,
         json_dumps,
         object_new: py.import("builtins")?.getattr("object")?.getattr("__new__")?,
+    })
+}
+
+/// (partition fields, observed): `read_spans`, then `partition_fields` of the Spans and
+/// `observe` of them in span order, in one pass that reads each span's view from the wire
+/// instead of from its Span. None where a span would need the per-span limits (decoded whole,
+/// or `origin_of(origin)`'s third item false: a resource over them) or a pass gives up: the
+/// caller then runs the three steps apart (and the limits between them).
+#[pyfunction]
+#[pyo3(signature = (records, selector, max_attributes, limits, origin_of, value_of, model, task_key_attributes, want_session, hooks, step, trajectory_step))]
+#[allow(clippy::too_many_arguments)]
+fn read_observe<'py>(
+    py: Python<'py>,
+    records: &Bound<'py, PyList>,
+    selector: &Selector,
+    max_attributes: usize,
+    limits: (i64, i64, i64),
+    origin_of: &Bound<'py, PyAny>,
+    value_of: &Bound<'py, PyAny>,
+    model: (Bound<'py, PyAny>, Bound<'py, PyAny>),
+    task_key_attributes: Vec<Bound<'py, PyString>>,
+    want_session: bool,
+    hooks: HookArgs<'py>,
+    step: Bound<'py, PyAny>,
+    trajectory_step: (Bound<'py, PyAny>, Bound<'py, PyAny>),
+) -> PyResult<Option<(partition::Fields<'py>, observe::Observed<'py>)>> {
+    let hooks = observe_hooks(py, hooks, step, trajectory_step)?;
+    let maker = Maker::new(py, &py.None().into_bound(py), Some(model))?;
+    let (payloads, origins) = record_parts(records)?;
+    let mut spans = Vec::with_capacity(payloads.len());
+    for payload in &payloads {
+        match lean::parse(payload.as_bytes()) {
+            Ok(span) => spans.push(span),
+            Err(_) => return Ok(None),
+        }
+    }
+    let limits = Limits::new(limits);
+    for (span, payload) in spans.iter().zip(&payloads) {
+        let over = limits.touch(payload.as_bytes(), &span.attributes);
+        let many =
+            span.attributes.len() > max_attributes && lean::distinct_keys(&span.attributes) > max_attributes;
+        if over || many {
+            return Ok(None);
+        }
+    }
+    let mut fused = Fused {
+        views: Vec::with_capacity(spans.len()),
+        resources: Vec::with_capacity(spans.len()),
     };
-    Ok(observe::observe(spans, &hooks).ok())
+    let mut forced = vec![false; spans.len()];
+    let unused = PySet::empty(py)?;
+    let Ok(out) = build(
+        py,
+        &spans,
+        &payloads,
+        &origins,
+        selector,
+        &unused,
+        &mut forced,
+        max_attributes,
+        origin_of,
+        value_of,
+        &py.None().into_bound(py),
+        &maker,
+        Some(&mut fused),
+    ) else {
+        return Ok(None);
+    };
+    let Fused { views, resources } = fused;
+    let Ok((order, task_key, session, trace_ids, annotation)) = partition::fields_of_views(
+        py,
+        &views,
+        |i| Ok(resources[i].clone()),
+        &task_key_attributes,
+        want_session,
+        &hooks.json_dumps,
+    ) else {
+        return Ok(None);
+    };
+    let in_order: Vec<observe::View<'py>> = order.iter().map(|&i| views[i].clone()).collect();
+    let Ok(observed) = observe::observe_views(py, &in_order, &hooks) else {
+        return Ok(None);
+    };
+    let ordered = PyList::new(
+        py,
+        order
+            .iter()
+            .map(|&i| out.get_item(i))
+            .collect::<PyResult<Vec<_>>>()?,
+    )?;
+    Ok(Some((
+        (ordered, task_key, session, trace_ids, annotation),
+        observed,
+    )))
 }
 
 /// evaluator/partitioning.py `build_partition`'s fields of a partition's spans (native/src/
@@ -587,9 +806,44 @@ fn _spancore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(crc32, m)?)?;
     m.add_function(wrap_pyfunction!(observe_spans, m)?)?;
     m.add_function(wrap_pyfunction!(partition_fields, m)?)?;
+    m.add_function(wrap_pyfunction!(read_observe, m)?)?;
     m.add_class::<Selector>()?;
     m.add_class::<RequestSchema>()?;
-    m.add("ABI_VERSION", 3)?;
+    m.add("ABI_VERSION", 4)?;
     m.add("SPAN_FIELDS", FIELDS.to_vec())?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn string(text: &str) -> Vec<u8> {
+        let mut out = vec![0x0A, text.len() as u8];
+        out.extend_from_slice(text.as_bytes());
+        out
+    }
+
+    #[test]
+    fn json_depth_is_the_scan_of_security_limits() {
+        assert!(!json_depth_exceeds(b"[[1], [2], {\"a\": [3]}]", 3));
+        assert!(json_depth_exceeds(b"[[1], [2], {\"a\": [3]}]", 2));
+        assert!(json_depth_exceeds(b"[[[1]]]", 2));
+        assert!(!json_depth_exceeds(br#"["[[[[", "\"{{{{"]"#, 1)); // brackets inside strings
+        assert!(json_depth_exceeds(b"[[ {{ ]]", 3)); // not JSON, but four levels open
+    }
+
+    #[test]
+    fn limits_touch_only_values_over_them() {
+        let limits = Limits::new(((10 - 4) * 3 / 4, 10, 2));
+        let (at, over) = (string(&"é".repeat(10)), string(&"é".repeat(11)));
+        let payload = [0u8; 64]; // long enough to need the per-value check
+        assert!(!limits.touch(&payload, &[("k", &at)])); // 10 characters in 20 bytes
+        assert!(limits.touch(&payload, &[("k", &over)]));
+        assert!(!limits.touch(&payload, &[("k", &over), ("k", &at)])); // the last value counts
+        assert!(limits.touch(&payload, &[("k", &string("[[[1]]]"))]));
+        assert!(!limits.touch(&payload, &[("k", &string("[[],[]]"))]));
+        assert!(limits.touch(&payload, &[("k", b"\x2a\x09\x0a\x07aaaaaaa")])); // an array: its size
+        assert!(!limits.touch(&over, &[])); // a short payload holds nothing over
+    }
 }

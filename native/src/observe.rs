@@ -115,6 +115,7 @@ impl<'py> Hooks<'py> {
     }
 }
 
+#[derive(Clone)]
 pub(crate) struct View<'py> {
     pub(crate) attrs: Bound<'py, PyDict>,
     pub(crate) trace_py: Bound<'py, PyString>,
@@ -600,8 +601,17 @@ pub type Observed<'py> = (
 );
 
 pub fn observe<'py>(spans: &Bound<'py, PyList>, hooks: &Hooks<'py>) -> Res<Observed<'py>> {
-    let py = spans.py();
     let views = spans.iter().map(|s| view(&s)).collect::<Res<Vec<_>>>()?;
+    observe_views(spans.py(), &views, hooks)
+}
+
+/// `observe` of spans already read into views (in the partition's span order, as the spans
+/// `observe` is given): the fused close-time read builds them from the wire, not from Spans.
+pub(crate) fn observe_views<'py>(
+    py: Python<'py>,
+    views: &[View<'py>],
+    hooks: &Hooks<'py>,
+) -> Res<Observed<'py>> {
     let present: FnvSet<(&str, &str)> = views.iter().map(|v| (v.trace(), v.span())).collect();
     let is_root = |v: &View<'_>| match v.parent() {
         None => true,
@@ -648,7 +658,7 @@ pub fn observe<'py>(spans: &Bound<'py, PyList>, hooks: &Hooks<'py>) -> Res<Obser
         }
     } else {
         step_spans.sort_by(|a, b| step_order(&views[a.0], &views[b.0]));
-        let mut rounds = Rounds::new(&views, &llm_calls, hooks)?;
+        let mut rounds = Rounds::new(views, &llm_calls, hooks)?;
         let agent = intern!(py, "AGENT");
         for &(i, kind) in &step_spans {
             let v = &views[i];

@@ -6,13 +6,22 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 
-use crate::observe::{get, is_empty_str, span_order, view, FnvSet, Res, Unhandled};
+use crate::observe::{get, is_empty_str, span_order, view, FnvSet, Res, Unhandled, View};
 
 /// (spans in span order, task key, session id, trace ids, expected-steps annotation or None) of
 /// partitioning.py `build_partition`: its sort, `resolve_task_key`, `session_id_of` (asked for
 /// with `want_session`), trace ids in order and `_annotations`.
 pub type Fields<'py> = (
     Bound<'py, PyList>,
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Bound<'py, PyList>,
+    Bound<'py, PyAny>,
+);
+
+/// `Fields` with the span order as indices into the views read.
+type Derived<'py> = (
+    Vec<usize>,
     Bound<'py, PyAny>,
     Bound<'py, PyAny>,
     Bound<'py, PyList>,
@@ -43,6 +52,35 @@ pub fn partition_fields<'py>(
     let py = spans.py();
     let items: Vec<Bound<'py, PyAny>> = spans.iter().collect();
     let views = items.iter().map(view).collect::<Res<Vec<_>>>()?;
+    let resource_key = intern!(py, "resource_attributes");
+    let resource_of = |i: usize| -> Res<Bound<'py, PyAny>> {
+        Ok(items[i]
+            .getattr(intern!(py, "__dict__"))?
+            .get_item(resource_key)?)
+    };
+    let (order, task_key, session, trace_ids, annotation) = fields_of_views(
+        py,
+        &views,
+        resource_of,
+        task_key_attributes,
+        want_session,
+        json_dumps,
+    )?;
+    let ordered = PyList::new(py, order.iter().map(|&i| &items[i]))?;
+    Ok((ordered, task_key, session, trace_ids, annotation))
+}
+
+/// `partition_fields` of spans read into views, with the span order as indices into `views`;
+/// `resource_of(i)`: span i's resource attributes (read only when no span attribute names the
+/// task key).
+pub(crate) fn fields_of_views<'py>(
+    py: Python<'py>,
+    views: &[View<'py>],
+    resource_of: impl Fn(usize) -> Res<Bound<'py, PyAny>>,
+    task_key_attributes: &[Bound<'py, PyString>],
+    want_session: bool,
+    json_dumps: &Bound<'py, PyAny>,
+) -> Res<Derived<'py>> {
     let mut order: Vec<usize> = (0..views.len()).collect();
     order.sort_by(|a, b| span_order(&views[*a], &views[*b]));
     let present: FnvSet<(&str, &str)> = views.iter().map(|v| (v.trace(), v.span())).collect();
@@ -83,12 +121,10 @@ pub fn partition_fields<'py>(
         }
     }
     if task_key.is_none() {
-        let resource_key = intern!(py, "resource_attributes");
         for &i in &order {
-            let resource = items[i]
-                .getattr(intern!(py, "__dict__"))?
-                .get_item(resource_key)?;
-            let resource = resource.downcast_into::<PyDict>().map_err(|_| Unhandled::Value)?;
+            let resource = resource_of(i)?
+                .downcast_into::<PyDict>()
+                .map_err(|_| Unhandled::Value)?;
             if let Some(value) = first_named(&resource, task_key_attributes)? {
                 task_key = Some(value);
                 break;
@@ -120,6 +156,5 @@ pub fn partition_fields<'py>(
             break;
         }
     }
-    let ordered = PyList::new(py, order.iter().map(|&i| &items[i]))?;
-    Ok((ordered, task_key, session, trace_ids, annotation))
+    Ok((order, task_key, session, trace_ids, annotation))
 }

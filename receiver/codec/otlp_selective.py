@@ -25,6 +25,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan  # also put
 from stepwatch.evaluator.buffer import SpanRecord
 from stepwatch.evaluator.model import Span
 from stepwatch.evaluator.pipeline import AttributeSelection
+from stepwatch.security.limits import json_depth_exceeds
 
 from . import spancore
 from .attributes import proto_attributes, proto_value
@@ -143,14 +144,14 @@ def decode_selected(
     full: set[int],
     max_attributes: int,
     origins: OriginCache | None = None,
-    limits: tuple[int, int] | None = None,
+    limits: SpanLimits | None = None,
 ) -> list[Span]:
     """Canonical Spans of buffered records (`seq` = buffer order) with the selected attributes only.
 
     Spans whose index is in `full`, or with more than `max_attributes` attributes, are decoded whole
     (in wire order, as the full decoder does) and their index added to `full`, so the caller can
-    apply the per-span limits to exactly what a full decode gives; with `limits` = (most bytes, max
-    '[' / '{' bytes), so are the spans whose encoded size or bracket count is over them.
+    apply the per-span limits to exactly what a full decode gives; with `limits`, so are the spans
+    those limits would change or count (`over_limits`).
     `origins`: the service's cache of decoded resources and scopes (a fresh one per call when None).
     The native span core does this in one call when it is loaded; this module's code is the
     reference it is held to (tests/native) and the fallback.
@@ -187,6 +188,46 @@ def _whole(payload: bytes) -> dict[str, Any]:
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[{")
 """Deleting every other byte leaves a payload's '[' and '{': one pass instead of two counts."""
 
+SpanLimits = tuple[int, int, int]
+"""(most encoded bytes of a value no value-length limit can touch, max attribute value length, max
+JSON depth): records.span_limits of the LimitsConfig."""
+
+
+def _may_touch(data: bytes, limits: SpanLimits) -> bool:
+    return len(data) > limits[0] or len(data.translate(None, _NOT_BRACKETS)) > limits[2]
+
+
+def _string_value(data: bytes) -> str | None:
+    """The text of an AnyValue that any_value_bytes reads as one string field, else None."""
+    if len(data) < 2 or data[0] != 0x0A:
+        return None
+    try:
+        size, start = read_varint(data, 1)
+        return data[start:].decode("utf-8") if start + size == len(data) else None
+    except (IndexError, ValueError):  # a truncated varint, or not UTF-8 (UnicodeDecodeError)
+        return None
+
+
+def over_limits(payload: bytes, attributes: Any, limits: SpanLimits) -> bool:
+    """Whether a whole decode's limits (security/limits.py `limit_spans`) would change or count any
+    of a span's attribute values (a LeanSpan's map: each key's last value, encoded), so the span
+    must be decoded whole and limited. The payload's size and bracket count rule most spans out at
+    once; otherwise a string is checked exactly (longer than the limit, or nested deeper as JSON)
+    and any other value by its encoded size and bracket count (a list, map or bytes value under
+    them holds nothing over them). native/src/lib.rs `Limits::touch` is the same rule."""
+    if not _may_touch(payload, limits):
+        return False
+    for data in attributes.values():
+        text = _string_value(data)
+        if text is None:
+            if _may_touch(data, limits):
+                return True
+        elif len(text) > limits[1] or (
+            text.count("[") + text.count("{") > limits[2] and json_depth_exceeds(text, limits[2])
+        ):
+            return True
+    return False
+
 
 def decode_selected_python(
     records: Sequence[SpanRecord],
@@ -194,17 +235,9 @@ def decode_selected_python(
     full: set[int],
     max_attributes: int,
     origins: OriginCache,
-    limits: tuple[int, int] | None = None,
+    limits: SpanLimits | None = None,
 ) -> list[Span]:
     """`decode_selected` in Python (upb), without the native span core."""
-    if limits is not None:
-        most_bytes, max_json_depth = limits
-        full.update(
-            i
-            for i, record in enumerate(records)
-            if len(payload := record[3]) > most_bytes
-            or len(payload.translate(None, _NOT_BRACKETS)) > max_json_depth
-        )
     keys, prefixes = selection.keys, selection.prefixes
     parts: list[bytes] = []
     add = parts.append
@@ -227,7 +260,11 @@ def decode_selected_python(
             resource_attributes = origins.resource_attributes(origin[0])
             scope_name = origins.scope_name(origin[1])
         attributes = span.attributes
-        if index in full or len(attributes) > max_attributes:
+        if (
+            index in full
+            or len(attributes) > max_attributes
+            or (limits is not None and over_limits(record[3], attributes, limits))
+        ):
             full.add(index)
             picked = proto_attributes(ProtoSpan.FromString(record[3]).attributes)
         else:

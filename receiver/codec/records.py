@@ -11,10 +11,12 @@ receiver/codec/otlp_selective.py (tests/receiver/test_otlp_selective.py holds it
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from stepwatch.evaluator.buffer import SpanRecord
 from stepwatch.evaluator.model import Span
-from stepwatch.evaluator.pipeline import AttributeSelection
+from stepwatch.evaluator.partitioning import PartitionDerived
+from stepwatch.evaluator.pipeline import AttributeSelection, Observed
 from stepwatch.security.config import LimitsConfig
 from stepwatch.security.limits import (
     JSON_DEPTH,
@@ -24,10 +26,11 @@ from stepwatch.security.limits import (
     limit_attributes,
 )
 
+from . import spancore
 from .framing import varint_bytes
 from .origin import OriginCache
-from .otlp_proto import decode_request_bytes
-from .otlp_selective import decode_selected
+from .otlp_proto import SPAN_MODEL, decode_request_bytes
+from .otlp_selective import SpanLimits, any_value_bytes, decode_selected
 
 
 def records_request_bytes(records: Sequence[SpanRecord]) -> bytes:
@@ -77,16 +80,57 @@ def decode_records_for_limits(
 ) -> tuple[list[Span], set[int]]:
     """(spans, indices decoded whole): `selection` applied only to spans no per-span limit can touch.
 
-    A span is decoded whole when its encoded size could hold a string (or base64 of bytes) longer
-    than `max_value_length`, when it holds more than `max_json_depth` '[' / '{' bytes in all (so
-    no string in it can be nested deeper), or when it has more than `max_attributes` attributes.
-    Every other span gives the same selected values a full decode followed by the limits would, so
-    applying the limits to the whole-decoded spans alone gives today's outcomes and counts.
+    A span is decoded whole when it has more than `max_attributes` attributes, or when one of its
+    attribute values is over the limits: a string longer than `max_value_length` or nested deeper
+    than `max_json_depth` as JSON, or a value of another kind whose encoded size could hold a longer
+    string (or base64 of bytes) or with more '[' / '{' bytes than the depth (otlp_selective
+    `over_limits`). Every other span gives the same selected values a full decode followed by the
+    limits would, so applying the limits to the whole-decoded spans alone gives today's outcomes
+    and counts.
     """
-    most_bytes = (max_value_length - 4) * 3 // 4
     full: set[int] = set()
-    spans = decode_selected(records, selection, full, max_attributes, origins, (most_bytes, max_json_depth))
+    spans = decode_selected(
+        records, selection, full, max_attributes, origins, span_limits(max_value_length, max_json_depth)
+    )
     return spans, full
+
+
+def span_limits(max_value_length: int, max_json_depth: int) -> SpanLimits:
+    """The limits as decode_selected checks them: a value of at most `(max_value_length - 4) * 3 // 4`
+    encoded bytes cannot be truncated (base64 of longer bytes is longer than the limit)."""
+    return (max_value_length - 4) * 3 // 4, max_value_length, max_json_depth
+
+
+def decode_observed(
+    records: Sequence[SpanRecord],
+    selection: AttributeSelection,
+    limits: LimitsConfig,
+    origins: OriginCache,
+    task_key_attributes: Sequence[str],
+    want_session: bool,
+) -> tuple[PartitionDerived, Observed] | None:
+    """`decode_limited(records, selection, ...)` as build_partition derives it, with its steps and
+    trajectory, in one native pass (engine.ObservedDecoder); None without the native core, or where
+    some span needs the per-span limits (then decode_limited limits it, and the passes run after)."""
+    if not spancore.AVAILABLE:
+        return None
+
+    def origin_of(origin: Any) -> tuple[dict[str, Any], str, bool]:
+        resource = origins.resource_attributes(origin[0])
+        _, dropped, truncated = limit_attributes(resource, limits)
+        return resource, origins.scope_name(origin[1]), not dropped and not truncated
+
+    return spancore.read_observed(
+        list(records),
+        selection,
+        limits.max_attributes_per_span,
+        span_limits(limits.max_attribute_value_length, limits.max_json_depth),
+        origin_of,
+        any_value_bytes,
+        SPAN_MODEL,
+        task_key_attributes,
+        want_session,
+    )
 
 
 JSON_DEPTH_MARK = "(json_depth limit: value nested too deeply, not unwrapped)"

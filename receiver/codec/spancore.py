@@ -31,14 +31,14 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from stepwatch.evaluator.buffer import SpanRecord
 from stepwatch.evaluator.model import Span, Step, normalise_tool_name
-from stepwatch.evaluator.partitioning import PartitionFields
-from stepwatch.evaluator.pipeline import AttributeSelection, Observe
+from stepwatch.evaluator.partitioning import PartitionDerived, PartitionFields
+from stepwatch.evaluator.pipeline import AttributeSelection, Observe, Observed
 from stepwatch.evaluator.scorers.alignment import BareRows
 from stepwatch.evaluator.steps import genai_tool_calls, unwrap_json
 from stepwatch.evaluator.trajectory import Trajectory, TrajectoryStep
 from stepwatch.evaluator.trajectory_build import STEP_FIELDS_SET, new_trajectory
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 """The interface version this binding speaks; an extension built for another one is not used."""
 ENV = "STEPWATCH_NATIVE"
 
@@ -159,9 +159,7 @@ def observer() -> Observe | None:
     None without the extension."""
     if _core is None:
         return None
-    native = _core.observe
-    hooks = (unwrap_json, genai_tool_calls, normalise_tool_name, json.dumps)
-    trajectory_step = (TrajectoryStep, STEP_FIELDS_SET)
+    native, hooks, trajectory_step = _core.observe, _HOOKS, _TRAJECTORY_STEP
 
     def observe(spans: list[Span]) -> tuple[list[Step], Trajectory] | None:
         found = native(spans if type(spans) is list else list(spans), hooks, Step, trajectory_step)
@@ -191,6 +189,52 @@ def partitioner() -> PartitionFields | None:
     return fields
 
 
+def read_observed(
+    records: list[SpanRecord],
+    selection: AttributeSelection,
+    max_attributes: int,
+    limits: tuple[int, int, int],
+    origin_of: Callable[[Any], tuple[dict[str, Any], str, bool]],
+    value_of: Callable[[bytes], Any],
+    model: tuple[type, set[str]],
+    task_key_attributes: Sequence[str],
+    want_session: bool,
+) -> tuple[PartitionDerived, Observed] | None:
+    """`read_spans`, `partitioner()` and `observer()` in one native call (engine.ObservedDecoder):
+    the passes read each span's view as it is built instead of from its Span, twice. None where a
+    span needs the per-span limits (`limits` and `max_attributes` as `read_spans` takes them, or
+    `origin_of(origin)`'s third item false: a resource over them) or a pass gives up: the caller
+    then decodes, limits and derives apart."""
+    if _core is None or max_attributes < 0:
+        return None
+    found = _core.read_observe(
+        records if type(records) is list else list(records),
+        _selector(selection),
+        max_attributes,
+        (_clamp(limits[0]), _clamp(limits[1]), _clamp(limits[2])),
+        origin_of,
+        value_of,
+        model,
+        list(task_key_attributes),
+        want_session,
+        _HOOKS,
+        Step,
+        _TRAJECTORY_STEP,
+    )
+    if found is None:
+        FALLBACKS["read_observe"] += 1
+        return None
+    derived, (steps, trajectory_steps, input_tokens, output_tokens, latency_ns, final_output) = found
+    return derived, (
+        steps,
+        new_trajectory(trajectory_steps, final_output, input_tokens, output_tokens, latency_ns),
+    )
+
+
+_HOOKS = (unwrap_json, genai_tool_calls, normalise_tool_name, json.dumps)
+"""The evaluator's functions the native steps pass defers to (native/src/observe.rs Hooks)."""
+_TRAJECTORY_STEP = (TrajectoryStep, STEP_FIELDS_SET)
+
 crc32: Callable[[bytes, int], int] = _core.crc32 if _core is not None else zlib.crc32
 """`zlib.crc32` for bytes (the same CRC-32), several times faster natively: the WAL's frame checksums."""
 
@@ -211,7 +255,7 @@ def read_spans(
     selection: AttributeSelection,
     full: set[int],
     max_attributes: int,
-    limits: tuple[int, int] | None,
+    limits: tuple[int, int, int] | None,
     origin_of: Callable[[Any], tuple[dict[str, Any], str]],
     value_of: Callable[[bytes], Any],
     whole: Callable[[bytes], dict[str, Any]],
@@ -221,14 +265,14 @@ def read_spans(
     """`make(fields)` of every record, as decode_selected builds them; None: use the Python path.
 
     `full` gains the indices decoded whole (by `whole`): those already in it, those with more than
-    `max_attributes` attributes, and with `limits` = (most bytes, max JSON depth) those longer or
-    holding more '[' / '{' bytes. `origin_of(origin)`: (resource attributes, scope name);
+    `max_attributes` attributes, and with `limits` (otlp_selective.SpanLimits) those the limits
+    would touch (otlp_selective.over_limits). `origin_of(origin)`: (resource attributes, scope name);
     `value_of(encoded AnyValue)`: the values the native reader leaves to Python. `model` = (class,
     fields set): build each with evaluator.model.construct's steps natively instead of `make`."""
     if _core is None or max_attributes < 0:
         return None
     if limits is not None:  # Python's ints are unbounded, the native limits are i64
-        limits = (_clamp(limits[0]), _clamp(limits[1]))
+        limits = (_clamp(limits[0]), _clamp(limits[1]), _clamp(limits[2]))
     if type(records) is not list:
         records = list(records)
     spans = _core.read_spans(

@@ -15,10 +15,13 @@ from stepwatch.evaluator.buffer import BufferLimits, PartitionBuffer
 from stepwatch.evaluator.clock import ManualClock
 from stepwatch.evaluator.engine import EngineSettings, EvaluationEngine
 from stepwatch.evaluator.expectations.store import ExpectationsStore, parse_expectations
+from stepwatch.evaluator.model import new_step
+from stepwatch.evaluator.partitioning import build_partition
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.evaluator.scorers.base import ScoringInput
 from stepwatch.evaluator.scorers.registry import ScorerEntry, ScorerRegistry
 from stepwatch.evaluator.scores import PartitionScores
+from stepwatch.evaluator.trajectory_build import build_trajectory_from_spans
 from stepwatch.receiver.codec.records import decode_records
 from stepwatch.receiver.ingest import Ingestor
 
@@ -192,3 +195,30 @@ async def test_inline_and_worker_threads_give_the_same_events(workers: int) -> N
     assert sorted((e.partition_id, e.results[0].score) for e in rig.events) == sorted(
         (t.hex(), float(i + 1)) for i, t in enumerate(traces)
     )
+
+
+async def test_an_observed_decoders_answer_is_what_gets_scored_and_its_none_falls_back() -> None:
+    """The one-pass decoder (the composition root's native one) stands in for decode, build_partition's
+    derivation and the steps pass; where it gives up (None) those run one after the other."""
+    rig = _Rig(tasks="tasks:\n  agent.run: {expected_steps: [a]}\n")
+    rig.engine.scorers = ScorerRegistry.builtin()
+    calls: list[tuple[int, tuple[str, ...], bool]] = []
+
+    def decode_observed(records, selection, keys, want_session):  # type: ignore[no-untyped-def]
+        calls.append((len(records), tuple(keys), want_session))
+        if len(calls) > 1:
+            return None
+        spans = build_partition("trace", "t", decode_records(records), task_key_attributes=keys).spans
+        steps = [new_step("a", "TOOL", spans[0].trace_id, spans[0].span_id, None, None, None, None)]
+        derived = (spans, "agent.run", None, [spans[0].trace_id], None)
+        return derived, (steps, build_trajectory_from_spans(spans))  # a step the spans do not hold
+
+    rig.engine._decode_observed = decode_observed  # the seam this test replaces
+    for _ in range(2):
+        rig.send(os.urandom(16), 3)
+        rig.close()
+        await rig.engine.wait_idle()
+    assert calls == [(3, ("aip.task.key",), True)] * 2
+    accuracy = [next(r.score for r in e.results if r.metric == "agent.step_accuracy") for e in rig.events]
+    assert accuracy == [1.0, 0.0]  # the answer's step, then the spans' own (none)
+    assert [e.span_count for e in rig.events] == [3, 3]

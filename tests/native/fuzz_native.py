@@ -36,8 +36,16 @@ with atheris.instrument_imports(include=["stepwatch"]):
     from stepwatch.receiver.codec.framing import read_varint
     from stepwatch.receiver.codec.origin import OriginCache
     from stepwatch.receiver.codec.otlp_proto import new_span
-    from stepwatch.receiver.codec.otlp_selective import _whole, any_value_bytes, decode_selected_python
+    from stepwatch.receiver.codec.otlp_selective import (
+        SpanLimits,
+        _whole,
+        any_value_bytes,
+        decode_selected_python,
+    )
+    from stepwatch.receiver.codec.records import decode_limited, decode_observed, span_limits
     from stepwatch.receiver.ingest import OtlpRequest, split_request
+    from stepwatch.security.config import LimitsConfig
+    from stepwatch.security.limits import LimitCounters
 
 core: Any = spancore._core
 assert core is not None, spancore.STATUS
@@ -140,8 +148,7 @@ def _frames(data: bytes) -> list[bytes]:
 
 def reader(data: bytes) -> None:
     records = [(b"t" * 16, b"s" * 8, 0, payload, ORIGIN) for payload in _frames(data)]
-    # the last byte picks loose limits (the selective read) or tight ones (the whole decode)
-    limits = (len(data) // 2, 8) if data and data[-1] & 1 else (1 << 20, 1 << 10)
+    limits = _limits(data)
 
     def origin_of(origin: Any) -> tuple[dict[str, Any], str]:
         return {}, "s"
@@ -160,6 +167,14 @@ def reader(data: bytes) -> None:
         return
     assert _canon([s.model_dump() for s in got]) == _canon([s.model_dump() for s in want])
     assert full == want_full
+
+
+def _limits(data: bytes) -> SpanLimits:
+    """The last byte picks loose limits (the selective read) or tight ones drawn from the last two
+    bytes (strings of a few dozen characters, JSON a few levels deep: the whole decode)."""
+    if len(data) > 1 and data[-1] & 1:
+        return span_limits(4 + data[-2] // 2, 1 + (data[-1] >> 4))
+    return span_limits(1 << 20, 1 << 10)
 
 
 OBSERVE = spancore.observer()
@@ -191,6 +206,49 @@ def observe(data: bytes) -> None:
         native = build_partition(kind, "p", spans, fields=FIELDS)  # type: ignore[arg-type]
         python = build_partition(kind, "p", spans)  # type: ignore[arg-type]
         assert _canon(native.model_dump()) == _canon(python.model_dump())
+
+
+def one_pass(data: bytes) -> None:
+    """The one-pass read (records -> spans, partition fields, steps and trajectory) against the
+    passes apart on the Python path (decode, limits, build_partition, the steps rules): the same
+    values, or None where a span needs the limits or Python must decide."""
+    if len(data) < 2:
+        return
+    # the first two bytes: the limits (0xff: the defaults; else 4 + byte/2 characters and 1 + the
+    # second byte's high nibble levels) and whether the session id is wanted; then framed spans
+    records = [(b"t" * 16, b"s" * 8, 0, payload, ORIGIN) for payload in _frames(data[2:])]
+    limits = LimitsConfig()
+    if data[0] != 0xFF:
+        limits = LimitsConfig(
+            max_attributes_per_span=8,
+            max_attribute_value_length=4 + data[0] // 2,
+            max_json_depth=1 + (data[1] >> 4),
+        )
+    want_session = data[1] & 1 == 1
+    with _native():
+        got = decode_observed(
+            records, SELECTION, limits, OriginCache(), DEFAULT_TASK_KEY_ATTRIBUTES, want_session
+        )
+    if got is None:
+        return
+    with _python():
+        spans = decode_limited(records, SELECTION, limits, LimitCounters(), OriginCache())
+    kind = "trace" if want_session else "session"
+    partition = build_partition(kind, "p", spans, session_id=None if want_session else "s")  # type: ignore[arg-type]
+    (got_spans, task_key, session, trace_ids, annotation), (steps, trajectory) = got
+    assert _canon([s.model_dump() for s in got_spans]) == _canon([s.model_dump() for s in partition.spans])
+    assert (task_key, trace_ids, annotation) == (
+        partition.task_key,
+        partition.trace_ids,
+        partition.annotations.get("expected_steps"),
+    )
+    assert session == (partition.session_id if want_session else None)
+    io: dict[int, Any] = {}
+    roots = root_spans(partition.spans)
+    want_steps = extract_steps_from_spans(partition.spans, io, roots)
+    want_trajectory = build_trajectory_from_spans(partition.spans, io, roots)
+    assert [dataclasses.asdict(s) for s in steps] == [dataclasses.asdict(s) for s in want_steps]
+    assert _canon(trajectory.model_dump()) == _canon(want_trajectory.model_dump())
 
 
 def _canon(value: Any) -> Any:
@@ -227,6 +285,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "rows": rows,
     "crc": crc,
     "observe": observe,
+    "one_pass": one_pass,
 }
 
 

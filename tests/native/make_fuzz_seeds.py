@@ -155,6 +155,31 @@ def main() -> None:
     }
     observe = {path.stem: _framed_spans(path) for path in sorted(CORPUS.glob("*.pb"))}
     observe.update({f"reader_{name}": data for name, data in reader.items()})
+    # first two bytes: the limits (0xff: the defaults) and whether the session id is wanted (bit 0)
+    tight = b"\x28\x31"  # 24 characters, 4 levels, the session id wanted
+    text = lambda key, value: KeyValue(key=key, value=AnyValue(string_value=value))  # noqa: E731
+    spans = lambda *attributes: _frame(_span(attributes=list(attributes)).SerializeToString())  # noqa: E731
+    one_pass = {name: b"\xff\x01" + data for name, data in observe.items()}
+    one_pass.update(
+        {
+            "string_at_the_length_limit": tight + spans(text("input.value", "x" * 24)),
+            "string_over_the_length_limit": tight + spans(text("input.value", "é" * 25)),
+            "shallow_json_many_brackets": tight + spans(text("input.value", "[[],[],[],[],[],[]]")),
+            "json_over_the_depth": tight + spans(text("input.value", "[[[[[1]]]]]")),
+            "brackets_in_a_json_string": tight + spans(text("input.value", '["[[[[[", "{{{{"]')),
+            "over_then_replaced_by_a_later_value": tight
+            + spans(text("tool.name", "y" * 40), text("tool.name", "search")),
+            "an_array_of_long_strings": tight
+            + spans(
+                KeyValue(
+                    key="llm.output_messages.0.message.content",
+                    value=AnyValue(array_value={"values": [AnyValue(string_value="z" * 30)]}),
+                )
+            ),
+            "bytes_value": tight + spans(KeyValue(key="tool.name", value=AnyValue(bytes_value=b"\x00" * 40))),
+            "session_unwanted": b"\x28\x30" + spans(text("session.id", "s-9")),
+        }
+    )
     for folder, seeds in (
         ("index", index),
         ("reader", reader),
@@ -162,6 +187,7 @@ def main() -> None:
         ("rows", rows),
         ("crc", crc),
         ("observe", observe),
+        ("one_pass", one_pass),
     ):
         (HERE / folder).mkdir(parents=True, exist_ok=True)
         for name, data in seeds.items():

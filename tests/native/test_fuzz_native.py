@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not spancore.AVAILABLE, reason=f"native span cor
 
 HARNESS = Path(__file__).with_name("fuzz_native.py")
 CORPUS = Path(__file__).with_name("fuzz_corpus")
-TARGETS = ("index", "reader", "request", "rows", "crc", "observe")
+TARGETS = ("index", "reader", "request", "rows", "crc", "observe", "one_pass")
 RUNS = 30_000
 
 

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from native_rig import loadgen_traffic
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from otlp_requests import trace_request
 from shared_paths import CORPUS
 
 from stepwatch.evaluator.model import Partition, Span
@@ -32,8 +33,12 @@ from stepwatch.evaluator.steps import extract_steps_from_spans
 from stepwatch.evaluator.trajectory_build import build_trajectory_from_spans
 from stepwatch.loaders.files import load_file
 from stepwatch.receiver.codec import spancore
+from stepwatch.receiver.codec.origin import OriginCache
 from stepwatch.receiver.codec.otlp_selective import decode_selected
+from stepwatch.receiver.codec.records import decode_limited, decode_observed
 from stepwatch.receiver.ingest import split_request
+from stepwatch.security.config import LimitsConfig
+from stepwatch.security.limits import LimitCounters
 
 pytestmark = pytest.mark.skipif(not spancore.AVAILABLE, reason=f"native span core: {spancore.STATUS}")
 OBSERVE = spancore.observer()
@@ -95,6 +100,103 @@ def test_two_thousand_loadgen_traces_observe_identically(tmp_path: Path) -> None
     assert len(partitions) == 2000
     for partition in partitions:
         assert_same(partition)
+
+
+# -- the one-pass read (records -> spans, fields, steps and trajectory in one native call) -------
+
+
+def _one_pass(records: list[Any], kind: str, limits: LimitsConfig) -> Any:
+    found = decode_observed(
+        records, SELECTION, limits, OriginCache(), DEFAULT_TASK_KEY_ATTRIBUTES, kind == "trace"
+    )
+    if found is None:
+        return None
+    (spans, *fields), (steps, trajectory) = found
+    return (
+        [s.model_dump() for s in spans],
+        fields,
+        [dataclasses.asdict(s) for s in steps],
+        trajectory.model_dump(),
+    )
+
+
+def _apart(records: list[Any], kind: str, limits: LimitsConfig) -> Any:
+    """What the passes give one after the other, on the Python rules."""
+    spans = decode_limited(records, SELECTION, limits, LimitCounters())
+    partition = built_partition(spans, kind)
+    fields = [partition.task_key, None if kind == "session" else partition.session_id, partition.trace_ids]
+    fields.append(partition.annotations.get("expected_steps"))
+    return [s.model_dump() for s in partition.spans], fields, *python_observed(partition.spans)
+
+
+def built_partition(spans: list[Span], kind: str) -> Partition:
+    return build_partition(kind, "p", spans, session_id="s-1" if kind == "session" else None)  # type: ignore[arg-type]
+
+
+SELECTION = scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES)
+
+
+def _assert_one_pass_same(records: list[Any], kind: str) -> None:
+    before = spancore.FALLBACKS["read_observe"]
+    one_pass = _one_pass(records, kind, LimitsConfig())
+    assert spancore.FALLBACKS["read_observe"] == before, "the one-pass read gave up"
+    assert one_pass == _apart(records, kind, LimitsConfig())
+
+
+def _by_trace(records: list[Any]) -> list[list[Any]]:
+    traces: dict[bytes, list[Any]] = {}
+    for record in records:
+        traces.setdefault(record[0], []).append(record)
+    return list(traces.values())
+
+
+@pytest.mark.parametrize("path", sorted(CORPUS.glob("*.pb")), ids=lambda p: p.stem)
+def test_the_one_pass_read_of_corpus_records_is_the_passes_apart(path: Path) -> None:
+    data = path.read_bytes()
+    records = split_request(ExportTraceServiceRequest.FromString(data), data)[0]
+    for trace in _by_trace(records):
+        _assert_one_pass_same(trace, "trace")
+    _assert_one_pass_same(records, "session")
+
+
+def test_the_one_pass_read_of_two_thousand_loadgen_traces_is_the_passes_apart(tmp_path: Path) -> None:
+    requests, _ = loadgen_traffic(tmp_path, 2000)
+    traces: list[list[Any]] = []
+    for data in requests:
+        traces += _by_trace(split_request(ExportTraceServiceRequest.FromString(data), data)[0])
+    assert len(traces) >= 2000
+    for trace in traces:
+        _assert_one_pass_same(trace, "trace")
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        LimitsConfig(max_attributes_per_span=4),
+        LimitsConfig(max_attribute_value_length=64),
+        LimitsConfig(max_json_depth=2),
+    ],
+    ids=["attributes", "value length", "json depth"],
+)
+def test_the_one_pass_read_leaves_spans_the_limits_touch_to_the_passes_apart(limits: LimitsConfig) -> None:
+    """A span the per-span limits may change is decoded whole and limited first: the one-pass read
+    gives up (None) rather than derive steps from unlimited values."""
+    data = (CORPUS / "pai_trip_parallel_tools.pb").read_bytes()
+    records = split_request(ExportTraceServiceRequest.FromString(data), data)[0]
+    before = spancore.FALLBACKS["read_observe"]
+    assert _one_pass(records, "session", limits) is None
+    assert spancore.FALLBACKS["read_observe"] == before + 1
+    assert _one_pass(records, "session", LimitsConfig()) == _apart(records, "session", LimitsConfig())
+
+
+def test_the_one_pass_read_gives_up_on_a_resource_over_the_limits() -> None:
+    request = trace_request([b"\x01" * 16], 3)
+    limits = LimitsConfig(max_attribute_value_length=90)
+    records = split_request(request, request.SerializeToString())[0]
+    assert _one_pass(records, "trace", limits) == _apart(records, "trace", limits)  # spans within them
+    request.resource_spans[0].resource.attributes.add(key="huge").value.string_value = "x" * 100
+    records = split_request(request, request.SerializeToString())[0]
+    assert _one_pass(records, "trace", limits) is None  # decode_limited truncates it first
 
 
 # -- generated spans: the values the rules treat specially --------------------------------------

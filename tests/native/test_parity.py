@@ -23,7 +23,7 @@ from stepwatch.evaluator.scorers.registry import default_scorers
 from stepwatch.evaluator.steps import extract_steps
 from stepwatch.receiver.codec import spancore
 from stepwatch.receiver.codec.otlp_selective import decode_selected
-from stepwatch.receiver.codec.records import decode_limited
+from stepwatch.receiver.codec.records import decode_limited, span_limits
 from stepwatch.receiver.ingest import OtlpRequest, split_request
 from stepwatch.security.config import LimitsConfig
 from stepwatch.security.limits import LimitCounters
@@ -48,7 +48,7 @@ def _same_index(data: bytes) -> None:
 
 def _spans(records: list[Any], selection: Any) -> list[dict[str, Any]]:
     full: set[int] = set()
-    spans = decode_selected(records, selection, full, 128, limits=(20_000, 64))
+    spans = decode_selected(records, selection, full, 128, limits=span_limits(26_672, 64))
     return [s.model_dump() for s in spans] + [sorted(full)]  # type: ignore[list-item]
 
 

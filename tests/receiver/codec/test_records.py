@@ -43,7 +43,7 @@ def _kv(key: str, value: Any) -> KeyValue:
 
 def _request(resource_value: str) -> ExportTraceServiceRequest:
     deep = json.dumps([[[[["x"]]]]])
-    spans: list[dict[str, Any]] = [
+    spans: list[dict[str, Any] | list[tuple[str, Any]]] = [
         {"openinference.span.kind": "TOOL", "tool.name": "a", "input.value": '{"q": 1}'},  # untouched
         {"tool.name": "b", **{f"other.{i}": i for i in range(8)}},  # over the attribute count
         {"tool.name": "c", "input.value": "y" * 700},  # selected value too long
@@ -51,8 +51,12 @@ def _request(resource_value: str) -> ExportTraceServiceRequest:
         {"tool.name": "e", "output.value": deep},  # selected value too deep
         {"tool.name": "f", "other.deep": deep},  # other value too deep
         {"tool.name": "g", "other.bytes": b"\x01" * 500},  # base64 of other bytes too long
-        {"tool.name": "h", "other.short": "[[ {{ ]]"},  # brackets, no deep JSON
+        {"tool.name": "h", "other.short": "[[ {{ ]]"},  # not JSON, but four levels open: touched
         {"tool.name": "i", "other.text": "x" * 300, "output.value": "[1]"},  # untouched
+        {"tool.name": "j", "other.exact": "é" * 600},  # at the limit (1,200 bytes): untouched
+        {"tool.name": "k", "other.json": json.dumps([[1], [2], {"a": [3]}] * 9)},  # shallow: untouched
+        [("tool.name", "l"), ("other.dup", "w" * 700), ("other.dup", "short")],  # last value wins
+        {"tool.name": "m", "other.over": "é" * 601},  # one character over
     ]
     request = ExportTraceServiceRequest()
     resource_spans = request.resource_spans.add()
@@ -67,7 +71,8 @@ def _request(resource_value: str) -> ExportTraceServiceRequest:
         span.name = f"span-{i}"
         span.start_time_unix_nano = 1 + i
         span.end_time_unix_nano = 100
-        span.attributes.extend(_kv(k, v) for k, v in attributes.items())
+        pairs = attributes.items() if isinstance(attributes, dict) else attributes
+        span.attributes.extend(_kv(k, v) for k, v in pairs)
     return request
 
 
@@ -80,7 +85,7 @@ def test_selective_decode_gives_the_full_decode_limits_and_counts(resource_value
     assert selective_meter.counts == full_meter.counts
     assert set(full_meter.counts) == {"attributes_per_span", "attribute_value_length", "json_depth"}
     whole = decode_records_for_limits(records, SELECTION, 6, 600, 3)[1]
-    assert {0, 8} <= set(range(len(records))) - whole  # the untouched spans took the selective path
+    assert whole == {1, 2, 3, 4, 5, 6, 7, 12}  # exactly the spans a limit touches are decoded whole
     for want, have in zip(expected, got, strict=True):
         selected = {k: v for k, v in want.attributes.items() if k in SELECTION}
         assert {k: v for k, v in have.attributes.items() if k in SELECTION} == selected
