@@ -174,11 +174,16 @@ def group_by_trace(spans: Iterable[Span]) -> dict[str, list[Span]]:
 
 
 def partition_traces(
-    spans: Iterable[Span], task_key_attributes: Sequence[str] = DEFAULT_TASK_KEY_ATTRIBUTES
+    spans: Iterable[Span],
+    task_key_attributes: Sequence[str] = DEFAULT_TASK_KEY_ATTRIBUTES,
+    *,
+    fields: PartitionFields | None = None,
 ) -> list[Partition]:
     """One trace partition per trace id, ordered by the trace's first span start."""
     partitions = [
-        build_partition("trace", trace_id, trace_spans, task_key_attributes=task_key_attributes)
+        build_partition(
+            "trace", trace_id, trace_spans, task_key_attributes=task_key_attributes, fields=fields
+        )
         for trace_id, trace_spans in group_by_trace(spans).items()
     ]
     return sorted(partitions, key=_first_start)
@@ -189,6 +194,7 @@ def partition_sessions(
     task_key_attributes: Sequence[str] = DEFAULT_TASK_KEY_ATTRIBUTES,
     *,
     include_sessionless: bool = False,
+    fields: PartitionFields | None = None,
 ) -> list[Partition]:
     """One session partition per session id (its traces merged).
 
@@ -202,12 +208,16 @@ def partition_sessions(
         if session_id is None:
             if include_sessionless:
                 loose.append(
-                    build_partition("trace", trace_id, trace_spans, task_key_attributes=task_key_attributes)
+                    build_partition(
+                        "trace", trace_id, trace_spans, task_key_attributes=task_key_attributes, fields=fields
+                    )
                 )
             continue
         sessions.setdefault(session_id, []).extend(trace_spans)
     partitions = [
-        build_partition("session", session_id, session_spans, task_key_attributes=task_key_attributes)
+        build_partition(
+            "session", session_id, session_spans, task_key_attributes=task_key_attributes, fields=fields
+        )
         for session_id, session_spans in sessions.items()
     ]
     return sorted([*partitions, *loose], key=_first_start)

@@ -469,11 +469,13 @@ def _score_spans(
 ) -> Any:
     """(Record, explain lines) per partition of `spans`."""
     from stepwatch.evaluator.partitioning import partition_sessions, partition_traces
+    from stepwatch.receiver.codec import spancore
 
+    fields = spancore.partitioner()  # serve's native passes, as serve runs them
     if args.partition == "session":
-        partitions = partition_sessions(spans, include_sessionless=True)
+        partitions = partition_sessions(spans, include_sessionless=True, fields=fields)
     else:
-        partitions = partition_traces(spans)
+        partitions = partition_traces(spans, fields=fields)
     registry, runner = _judge_runtime(args)
     for partition in partitions:
         record = Record(
@@ -600,8 +602,9 @@ def _score_partition(partition: Any, expectation: Any, scorers: list[Any], runne
     """The engine's own scoring step (evaluator/engine.py), under serve's default limits: a
     partition too large to align gets the same not_scored results as it would in `serve`."""
     from stepwatch.evaluator.engine import evaluate
+    from stepwatch.receiver.codec import spancore
 
-    done = evaluate(partition, expectation, scorers, _serve_guard())
+    done = evaluate(partition, expectation, scorers, _serve_guard(), spancore.observer())
     if done.pending:
         done.results.extend(_run_async(done.inp, done.pending, runner))
     return done.inp, done.results

@@ -6,6 +6,9 @@ so a broken build cannot pass by comparing Python with itself."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -140,3 +143,22 @@ def test_two_thousand_loadgen_partitions_score_identically(tmp_path: Path) -> No
     assert native == python
     assert native_accounting.scored == python_accounting.scored
     assert native_accounting.rejected == python_accounting.rejected
+
+
+@pytest.mark.parametrize("partition", ["trace", "session"])
+def test_offline_score_takes_the_native_passes_with_the_same_output(partition: str) -> None:
+    """`stepwatch score` takes serve's native passes (partition fields, steps and trajectory) when
+    the core loads: its output on the corpus is byte for byte the pure-Python path's."""
+    stepwatch = str(Path(sys.executable).with_name("stepwatch"))
+    argv = [stepwatch, "score", *map(str, CORPUS_FILES), "--partition", partition]
+    argv += ["--expected-steps", '["get_weather", "book_hotel"]', "--format", "json"]
+
+    def run(native: str) -> str:
+        env = {**os.environ, "STEPWATCH_NATIVE": native}
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+        assert proc.returncode in (0, 1), proc.stderr
+        return proc.stdout
+
+    native = run("1")
+    assert len(native.splitlines()) >= len(CORPUS_FILES)
+    assert native == run("0")
