@@ -43,7 +43,7 @@ from stepwatch.exporters.score_streams import ROOT_SPAN_ATTRIBUTE, build_score_s
 from stepwatch.exporters.telemetry import MetricsServer, Telemetry
 from stepwatch.receiver.codec import spancore
 from stepwatch.receiver.codec.origin import OriginCache
-from stepwatch.receiver.codec.records import decode_limited, decode_observed
+from stepwatch.receiver.codec.records import ObservedReader, decode_limited
 from stepwatch.receiver.decision_log import DecisionLog
 from stepwatch.receiver.grpc_server import OtlpGrpcReceiver
 from stepwatch.receiver.http_server import OtlpHttpReceiver
@@ -326,15 +326,7 @@ class Service:
             judge_runner=self.judge_runner,
             observe=spancore.observer(),
             partition_fields=spancore.partitioner(),
-            decode_observed=(
-                (
-                    lambda records, selection, keys, want_session: decode_observed(
-                        records, selection, self.limits, self._origins, keys, want_session
-                    )
-                )
-                if spancore.AVAILABLE
-                else None
-            ),
+            decode_observed=ObservedReader(self.limits, self._origins) if spancore.AVAILABLE else None,
         )
         self._sweeper: asyncio.Task[None] | None = None
         self._started = False

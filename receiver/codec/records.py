@@ -101,36 +101,51 @@ def span_limits(max_value_length: int, max_json_depth: int) -> SpanLimits:
     return (max_value_length - 4) * 3 // 4, max_value_length, max_json_depth
 
 
-def decode_observed(
-    records: Sequence[SpanRecord],
-    selection: AttributeSelection,
-    limits: LimitsConfig,
-    origins: OriginCache,
-    task_key_attributes: Sequence[str],
-    want_session: bool,
-) -> tuple[PartitionDerived, Observed] | None:
-    """`decode_limited(records, selection, ...)` as build_partition derives it, with its steps and
-    trajectory, in one native pass (engine.ObservedDecoder); None without the native core, or where
-    some span needs the per-span limits (then decode_limited limits it, and the passes run after)."""
-    if not spancore.AVAILABLE:
-        return None
+class ObservedReader:
+    """engine.ObservedDecoder: `decode_limited(records, selection, ...)` as build_partition derives
+    it, with its steps and trajectory, in one native pass; None without the native core, or where
+    some span needs the per-span limits (decode_limited then limits it and the passes run after).
+    Built once per service: the limits as the native reader takes them, and whether each resource
+    is within them, are worked out once, not per partition."""
 
-    def origin_of(origin: Any) -> tuple[dict[str, Any], str, bool]:
-        resource = origins.resource_attributes(origin[0])
-        _, dropped, truncated = limit_attributes(resource, limits)
-        return resource, origins.scope_name(origin[1]), not dropped and not truncated
+    def __init__(self, limits: LimitsConfig, origins: OriginCache, max_resources: int = 1024) -> None:
+        self._limits = limits
+        self._origins = origins
+        self._bounds = span_limits(limits.max_attribute_value_length, limits.max_json_depth)
+        self._within: dict[bytes, bool] = {}  # encoded resource -> no limit touches its attributes
+        self._max_resources = max_resources
 
-    return spancore.read_observed(
-        list(records),
-        selection,
-        limits.max_attributes_per_span,
-        span_limits(limits.max_attribute_value_length, limits.max_json_depth),
-        origin_of,
-        any_value_bytes,
-        SPAN_MODEL,
-        task_key_attributes,
-        want_session,
-    )
+    def __call__(
+        self,
+        records: Sequence[SpanRecord],
+        selection: AttributeSelection,
+        task_key_attributes: Sequence[str],
+        want_session: bool,
+    ) -> tuple[PartitionDerived, Observed] | None:
+        if not spancore.AVAILABLE:
+            return None
+        return spancore.read_observed(
+            records,  # type: ignore[arg-type]  # a list from the buffer; read_observed copies others
+            selection,
+            self._limits.max_attributes_per_span,
+            self._bounds,
+            self._origin_of,
+            any_value_bytes,
+            SPAN_MODEL,
+            task_key_attributes,
+            want_session,
+        )
+
+    def _origin_of(self, origin: Any) -> tuple[dict[str, Any], str, bool]:
+        resource_bytes, scope_bytes = origin
+        resource = self._origins.resource_attributes(resource_bytes)
+        within = self._within.get(resource_bytes)
+        if within is None:
+            if len(self._within) >= self._max_resources:
+                self._within.clear()
+            _, dropped, truncated = limit_attributes(resource, self._limits)
+            within = self._within[resource_bytes] = not dropped and not truncated
+        return resource, self._origins.scope_name(scope_bytes), within
 
 
 JSON_DEPTH_MARK = "(json_depth limit: value nested too deeply, not unwrapped)"

@@ -42,7 +42,7 @@ with atheris.instrument_imports(include=["stepwatch"]):
         any_value_bytes,
         decode_selected_python,
     )
-    from stepwatch.receiver.codec.records import decode_limited, decode_observed, span_limits
+    from stepwatch.receiver.codec.records import ObservedReader, decode_limited, span_limits
     from stepwatch.receiver.ingest import OtlpRequest, split_request
     from stepwatch.security.config import LimitsConfig
     from stepwatch.security.limits import LimitCounters
@@ -226,9 +226,8 @@ def one_pass(data: bytes) -> None:
         )
     want_session = data[1] & 1 == 1
     with _native():
-        got = decode_observed(
-            records, SELECTION, limits, OriginCache(), DEFAULT_TASK_KEY_ATTRIBUTES, want_session
-        )
+        read = ObservedReader(limits, OriginCache())
+        got = read(records, SELECTION, DEFAULT_TASK_KEY_ATTRIBUTES, want_session)
     if got is None:
         return
     with _python():

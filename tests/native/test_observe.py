@@ -35,7 +35,7 @@ from stepwatch.loaders.files import load_file
 from stepwatch.receiver.codec import spancore
 from stepwatch.receiver.codec.origin import OriginCache
 from stepwatch.receiver.codec.otlp_selective import decode_selected
-from stepwatch.receiver.codec.records import decode_limited, decode_observed
+from stepwatch.receiver.codec.records import ObservedReader, decode_limited
 from stepwatch.receiver.ingest import split_request
 from stepwatch.security.config import LimitsConfig
 from stepwatch.security.limits import LimitCounters
@@ -106,8 +106,8 @@ def test_two_thousand_loadgen_traces_observe_identically(tmp_path: Path) -> None
 
 
 def _one_pass(records: list[Any], kind: str, limits: LimitsConfig) -> Any:
-    found = decode_observed(
-        records, SELECTION, limits, OriginCache(), DEFAULT_TASK_KEY_ATTRIBUTES, kind == "trace"
+    found = ObservedReader(limits, OriginCache())(
+        records, SELECTION, DEFAULT_TASK_KEY_ATTRIBUTES, kind == "trace"
     )
     if found is None:
         return None
