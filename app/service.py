@@ -224,6 +224,7 @@ class Service:
         self.telemetry.watch_ingest(
             self.accounting, self.buffer, self.backlog, lambda: dict(self.fanout.dropped)
         )
+        self.telemetry.watch_native(spancore.AVAILABLE, lambda: dict(spancore.FALLBACKS))
         self.watcher: ExpectationsWatcher | None = None
         self.tenant_watchers: list[ExpectationsWatcher] = []
         if config.expectations.watch:

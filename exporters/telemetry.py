@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -41,6 +41,11 @@ class Telemetry:
         """Expose the span accounting, the buffer's and ledger's gauges and the scoring backlog, read
         from those components at scrape time."""
         self.registry.register(_IngestCollector(accounting, buffer, backlog, dropped))
+
+    def watch_native(self, loaded: bool, deferred: Callable[[], Mapping[str, int]]) -> None:
+        """Expose whether the native span core runs and how often it left a call to the Python
+        code, read at scrape time (a slower path, never a different result)."""
+        self.registry.register(_NativeCollector(loaded, deferred))
 
     def server(
         self,
@@ -195,6 +200,28 @@ class _IngestCollector(Collector):
         for name, count in sorted(self._dropped().items()):
             dropped.add_metric([name], count)
         yield dropped
+
+
+class _NativeCollector(Collector):
+    def __init__(self, loaded: bool, deferred: Callable[[], Mapping[str, int]]) -> None:
+        self._loaded = loaded
+        self._deferred = deferred
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "stepwatch_native_core",
+            "1 when the native span core is loaded, 0 on the pure-Python path (STEPWATCH_NATIVE).",
+            value=1 if self._loaded else 0,
+        )
+        deferred = CounterMetricFamily(
+            "stepwatch_native_deferred",
+            "Calls the native span core left to the Python code (bytes or values it does not handle "
+            "as Python does; for read_observe, a span the per-span limits touch).",
+            labels=["function"],
+        )
+        for function, count in sorted(self._deferred().items()):
+            deferred.add_metric([function], count)
+        yield deferred
 
 
 class MetricsServer:

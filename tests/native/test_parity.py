@@ -162,3 +162,21 @@ def test_offline_score_takes_the_native_passes_with_the_same_output(partition: s
     native = run("1")
     assert len(native.splitlines()) >= len(CORPUS_FILES)
     assert native == run("0")
+
+
+def test_the_native_core_and_its_deferrals_are_metered() -> None:
+    """An operator sees whether the native core runs and how often a call took the slower path: a
+    partition whose spans the limits touch is decoded and limited before its steps are derived."""
+    clock = ManualClock()
+    environ = {"STEPWATCH_SECURITY__LIMITS__MAX_ATTRIBUTE_VALUE_LENGTH": "64"}
+    service = Service(load_config(None, environ=environ), clock=clock)
+    registry = service.telemetry.registry
+    before = registry.get_sample_value("stepwatch_native_deferred_total", {"function": "read_observe"}) or 0
+    data = (CORPUS / "pai_trip_parallel_tools.pb").read_bytes()
+    service.ingestor.consume(OtlpRequest.from_bytes(data), "grpc")
+    clock.advance(120.0)
+    clock.advance(60.0)
+    assert service.engine.process_all(service.buffer.sweep())
+    assert registry.get_sample_value("stepwatch_native_core") == 1
+    after = registry.get_sample_value("stepwatch_native_deferred_total", {"function": "read_observe"})
+    assert after == before + 1
