@@ -172,6 +172,9 @@ def main() -> int:
         "--base-url", help="an already running OpenAI-compatible server instead of starting one"
     )
     parser.add_argument("--served-model", default=None, help="model name for --base-url")
+    parser.add_argument(
+        "--prompt", default=None, help="judge prompt version (default: evaluator/judge/prompts.yaml's)"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -180,7 +183,11 @@ def main() -> int:
     data = json.loads(DATA.read_text())
     items = data["dev"] + data["test"] if args.split == "all" else data[args.split]
     config = dict(
-        timeout_s=args.timeout, max_retries=0, answer_grammar=not args.no_grammar, max_concurrency=1
+        timeout_s=args.timeout,
+        max_retries=0,
+        answer_grammar=not args.no_grammar,
+        max_concurrency=1,
+        prompt_version=args.prompt,
     )
 
     results = [summary("local", [asyncio.run(run_once(items, LocalJudge(), 60))])]
@@ -199,6 +206,7 @@ def main() -> int:
                 file=sys.stderr,
             )
         results.append(summary(f"openai:{model}{'' if args.no_grammar else '+grammar'}", runs))
+        results[-1]["prompt"] = judge.prompt.version
     finally:
         if server is not None:
             server.stop()
@@ -207,11 +215,12 @@ def main() -> int:
         print(json.dumps({"split": args.split, "results": results}, indent=1))
     else:
         for row in results:
+            prompt = f", prompt {row['prompt']}" if "prompt" in row else ""
             print(
-                f"{row['judge']} on {args.split} ({row['trajectories']} trajectories, {row['expected_steps']} expected steps, {row['runs']} run(s))"
+                f"{row['judge']}{prompt} on {args.split} ({row['trajectories']} trajectories, {row['expected_steps']} expected steps, {row['runs']} run(s))"
             )
             for key, value in row.items():
-                if key not in ("judge", "misses_first_run"):
+                if key not in ("judge", "misses_first_run", "prompt"):
                     print(f"  {key}: {value}")
             for miss in row["misses_first_run"]:
                 print(f"  miss: {miss}")

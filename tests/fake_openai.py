@@ -4,7 +4,9 @@ cannot be made to show on demand: 429, 5xx, timeouts, no logprobs, malformed ans
 `answer_lines(body, decide)` fills in the answer lines a request asks for, the way a model does,
 with one token per answer whose top_logprobs carry `decide(line)` as P(yes). An evidence line
 (`E2: S? or none`, trajectory_steps) is answered `S2` (the expected step's own number) when
-P >= 0.5, else `none`, with P(S) vs P(none) in the answer token's top_logprobs.
+P >= 0.5, else `none`, with P(S) vs P(none) in the answer token's top_logprobs; a verdict line
+(`E2. x: S? (that step again): yes or no`) names that step (or the last one), restates it and
+answers yes or no with P(yes) in the verdict token's top_logprobs.
 """
 
 from __future__ import annotations
@@ -22,14 +24,31 @@ from aiohttp import web
 
 FORM_LINE = re.compile(r"^(?P<line>(?:E\d+|S\d+)\. .*|order|full): yes or no$")
 EVIDENCE_LINE = re.compile(r"^(?P<line>E(?P<n>\d+)(?:\. .*)?): (?:yes )?S\? or (?:none|no)$")
+VERDICT_LINE = re.compile(r"^(?P<line>E(?P<n>\d+)(?:\. .*)?): S\? \(that step again\): yes or no$")
+AGENT_STEP = re.compile(r"^S(?P<n>\d+)\. (?P<text>.*)$")
 
 
-def form_lines(body: dict) -> list[str]:
+class FormLines(list[str]):
+    """The answer lines, and whether they are verdict lines (`E1. x: S? (that step again): yes or
+    no`, prompts.yaml verdict_after_step) with the agent steps they restate."""
+
+    verdicts: bool = False
+    steps: tuple[str, ...] = ()
+
+
+def form_lines(body: dict) -> FormLines:
     """The answer lines the request's last user message asks to be filled in."""
     last = body["messages"][-1]["content"]
-    return [
-        m["line"] for text in last.splitlines() if (m := FORM_LINE.match(text) or EVIDENCE_LINE.match(text))
-    ]
+    lines = FormLines()
+    for text in last.splitlines():
+        verdict = VERDICT_LINE.match(text)
+        if verdict:
+            lines.verdicts = True
+        if m := verdict or FORM_LINE.match(text) or EVIDENCE_LINE.match(text):
+            lines.append(m["line"])
+    if lines.verdicts:
+        lines.steps = tuple(m["text"] for text in last.splitlines() if (m := AGENT_STEP.match(text)))
+    return lines
 
 
 def _entry(token: str, p: float, top: list[tuple[str, float]] | None = None) -> dict[str, Any]:
@@ -60,6 +79,18 @@ def completion_for(
             tokens.append(_entry("\n", 1.0))
         tokens.append(_entry(f"{line}:", 1.0))
         evidence = re.match(r"E(\d+)(?:\.|$)", line)
+        steps = getattr(lines, "steps", ())
+        if evidence and getattr(lines, "verdicts", False) and steps:
+            # `E2. x: S2 <step 2 again>: yes` (the step nearest: the expected step's own number,
+            # or the last agent step), p in the verdict token
+            step = min(int(evidence.group(1)), len(steps))
+            word = "yes" if p >= 0.5 else "no"
+            tokens.append(_entry(" S", 1.0))
+            tokens.append(_entry(str(step), 1.0))
+            tokens.append(_entry(f" {steps[step - 1][:79]}:", 1.0))
+            tokens.append(_entry(f" {word}", max(p, 1 - p), [(" yes", p), (" no", 1 - p)]))
+            text_lines.append(f"{line}: S{step} {steps[step - 1][:79]}: {word}")
+            continue
         if evidence:  # `E2: S2` or `E2: none`
             step = evidence.group(1)
             if p >= 0.5:

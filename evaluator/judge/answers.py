@@ -9,6 +9,10 @@ at the answer position, and the step number's
 digit position gives the distribution over which agent step it was (`Answer.where`), from which
 the order answer is computed (`order_from_positions`).
 
+A verdict line (`E2. refund: S3 check refund eligibility (order id: 5): no`, prompts.yaml
+`verdict_after_step`) names the nearest agent step, restates it, then answers: p(performed) is
+p(yes) at the verdict, `where` the digit after `S` (`from_verdict_logprobs`).
+
 Only candidates that continue the text already written count: after `E1:` a token must bring
 its own space (` yes`), after `E1: ` it must not. llama.cpp reports top_logprobs from the raw
 logits, so after a lone space token the list still holds ` yes`, a continuation the grammar
@@ -34,6 +38,7 @@ STEP_TOKENS = frozenset({"s"})
 NONE_TOKENS = frozenset({"none", "no", "non", "n"})
 _KEY = re.compile(r"^\W*(E\d+|S\d+|order|full)\b", re.IGNORECASE)
 _EVIDENCE_TEXT = re.compile(r":\s*\**\s*(?:(?:yes\W*)?S\s*(\d+)|(none|no)\b)", re.IGNORECASE)
+_VERDICT_TEXT = re.compile(r":\s*\**\s*S\s*(\d+)\b.*:\s*\**\s*(yes|no)\W*$", re.IGNORECASE)
 
 
 def normalise_key(raw: str) -> str:
@@ -82,21 +87,25 @@ def _p_yes(entry: Mapping[str, Any], line: str = ":") -> float | None:
     return yes / (yes + no) if yes + no > 0 else None
 
 
-def _digits(entry: Mapping[str, Any]) -> dict[int, float]:
-    """The single-digit step numbers at a digit position, normalised (S1-S9)."""
+def _digits(entry: Mapping[str, Any], steps: int | None = None) -> dict[int, float]:
+    """The single-digit step numbers at a digit position, normalised (S1-S9). `steps`: how many
+    agent steps there are; larger numbers are dropped before normalising, because llama.cpp
+    reports top_logprobs from the raw logits, before the grammar masks them, so `S3` of a
+    two-step trajectory would otherwise take a share of where the step happened."""
     found: dict[int, float] = {}
     for candidate in list(entry.get("top_logprobs") or []) or [entry]:
         token = str(candidate.get("token", "")).strip()
-        if len(token) == 1 and token in "123456789":
+        if len(token) == 1 and token in "123456789" and (steps is None or int(token) <= steps):
             found[int(token)] = found.get(int(token), 0.0) + math.exp(float(candidate["logprob"]))
     total = sum(found.values())
     return {n: p / total for n, p in found.items()} if total > 0 else {}
 
 
-def _where(content: Sequence[Any], start: int) -> tuple[tuple[int, float], ...]:
+def _where(content: Sequence[Any], start: int, steps: int | None = None) -> tuple[tuple[int, float], ...]:
     """The step number after the `S` token at content[start]: a distribution over 0-based agent
     step indices, from the first digit's top_logprobs when the number has one digit, else the
-    number as written (the first digit of `12` does not say which two-digit number follows)."""
+    number as written (the first digit of `12` does not say which two-digit number follows).
+    `steps`: the trajectory's length; no probability goes to a step beyond it."""
     digits: list[str] = []
     first: Mapping[str, Any] | None = None
     if _word(str(content[start].get("token", ""))) not in STEP_TOKENS:  # `yes S2`: find the S
@@ -118,20 +127,22 @@ def _where(content: Sequence[Any], start: int) -> tuple[tuple[int, float], ...]:
     if not digits:
         return ()
     number = int("".join(digits))
-    spread = _digits(first) if first is not None and len("".join(digits)) == 1 else {}
+    spread = _digits(first, steps) if first is not None and len("".join(digits)) == 1 else {}
     if not spread:
-        return ((number - 1, 1.0),) if number >= 1 else ()
+        in_range = number >= 1 and (steps is None or number <= steps)
+        return ((number - 1, 1.0),) if in_range else ()
     return tuple(sorted((n - 1, p) for n, p in spread.items()))
 
 
 def from_logprobs(
-    content: Sequence[Any], lines: Sequence[str] = (), evidence: bool = False
+    content: Sequence[Any], lines: Sequence[str] = (), evidence: bool = False, steps: int | None = None
 ) -> dict[str, Answer]:
     """Answer by line key, for each line whose answer token follows its colon.
 
     A line restated exactly (`S1. note: no refund`) has its answer after the whole restatement,
     not after a colon inside the step's own text; other lines take the first colon-answer.
-    `evidence`: E-lines are answered with a step (`S2`) or `none`, not yes/no.
+    `evidence`: E-lines are answered with a step (`S2`) or `none`, not yes/no; `steps`: how many
+    agent steps they can name.
     """
     exact = {f"{line}:": _line_key(line) for line in lines}
     found: dict[str, Answer] = {}
@@ -158,7 +169,7 @@ def from_logprobs(
                 yes, no = _masses(entry, written, words)
                 if yes + no > 0:
                     performed = word in words[0]
-                    where = _where(entries, position) if is_evidence and performed else ()
+                    where = _where(entries, position, steps) if is_evidence and performed else ()
                     answer = Answer(yes / (yes + no), "logprobs", where)
                     if exact.get(line.lstrip("*# ")) == key and key not in found:
                         found[key] = answer
@@ -168,12 +179,64 @@ def from_logprobs(
     return {**loose, **found}
 
 
-def from_text(text: str, evidence: bool = False) -> dict[str, Answer]:
+def from_verdict_logprobs(
+    content: Sequence[Any], lines: Sequence[str] = (), steps: int | None = None
+) -> dict[str, Answer]:
+    """Answers of evidence lines that name the nearest agent step, restate it, then judge it
+    (prompts.yaml `verdict_after_step`): `E1. refund the customer: S3 check refund eligibility
+    (order id: 5): no`. p(performed) is p(yes) at the line's last yes/no answer after a colon
+    (the verdict: a restated step's own text may hold colons, even a ` no` after one); for a
+    `yes`, `where` is the digit after the line's first `S` (which step did it; after a `no` the
+    named step is only the nearest, so nothing is placed). Non-E lines are read as yes/no lines."""
+    prefixes = {_line_key(line): f"{line}:" for line in lines}
+    found: dict[str, Answer] = {}
+    on_line: dict[str, Answer] = {}
+    step_at: int | None = None
+    text = ""
+    entries = list(content)
+    for position, entry in enumerate(entries):
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("token"), str):
+            raise JudgeMalformed(f"unreadable logprobs entry: {entry!r}"[:160])
+        token = entry["token"]
+        written = text.rsplit("\n", 1)[-1]
+        head = written.strip().lstrip("*# ")
+        key = _line_key(head)
+        text += token
+        if key is None or not key.startswith("E") or key in found:
+            continue
+        prefix = prefixes.get(key)
+        rest = head[len(prefix) :] if prefix and head.startswith(prefix) else head.partition(":")[2]
+        if ":" not in head or not _continues(written, token):
+            pass
+        elif step_at is None and not rest.strip() and _word(token) in STEP_TOKENS:
+            step_at = position
+        elif (
+            step_at is not None and written.rstrip().endswith(":") and _word(token) in YES_TOKENS | NO_TOKENS
+        ):
+            yes, no = _masses(entry, written, (YES_TOKENS, NO_TOKENS))
+            if yes + no > 0:  # where: only for a step said done (a `no` names the nearest, not the doer)
+                where = _where(entries, step_at, steps) if _word(token) in YES_TOKENS else ()
+                on_line[key] = Answer(yes / (yes + no), "logprobs", where)
+        if "\n" in token or position == len(entries) - 1:
+            found.update((k, v) for k, v in on_line.items() if k not in found)
+            on_line, step_at = {}, None
+    others = from_logprobs(entries, [line for line in lines if not line.startswith("E")], steps=steps)
+    return {**{k: v for k, v in others.items() if not k.startswith("E")}, **found}
+
+
+def from_text(text: str, evidence: bool = False, verdicts: bool = False) -> dict[str, Answer]:
     """Answers by line key from the answer text alone (p 1.0 or 0.0, marked `answer_text`)."""
     found: dict[str, Answer] = {}
     for line in text.splitlines():
         key = _line_key(line)
         if key is None or key in found:
+            continue
+        if verdicts and key.startswith("E"):
+            verdict = _VERDICT_TEXT.search(line)
+            if verdict:
+                yes = verdict.group(2).lower() == "yes"
+                where = ((int(verdict.group(1)) - 1, 1.0),) if yes else ()
+                found[key] = Answer(1.0 if yes else 0.0, "answer_text", where)
             continue
         if evidence and key.startswith("E"):
             match = _EVIDENCE_TEXT.search(line)
@@ -211,16 +274,25 @@ def read_answers(
     require_logprobs: bool = False,
     lines: Sequence[str] = (),
     evidence: bool = False,
+    steps: int | None = None,
+    verdicts: bool = False,
 ) -> list[Answer]:
     """One Answer per key, in order; JudgeMalformed when a key has no readable answer. `lines`: the
     answer lines as asked (`S1. search web`), to find answers after an exact restatement;
-    `evidence`: E-lines name the accomplishing step (`E1: S2`) instead of yes/no."""
+    `evidence`: E-lines name the accomplishing step (`E1: S2`) instead of yes/no; `steps`: the
+    trajectory's length (step numbers beyond it get no probability); `verdicts`: E-lines name the
+    nearest step, restate it and judge it (`E1: S3 check refund eligibility: no`)."""
     logprobs = choice.get("logprobs")
     content = logprobs.get("content") if isinstance(logprobs, Mapping) else None
-    probabilities = from_logprobs(content, lines, evidence) if isinstance(content, list) else {}
+    if not isinstance(content, list):
+        probabilities: dict[str, Answer] = {}
+    elif evidence and verdicts:
+        probabilities = from_verdict_logprobs(content, lines, steps)
+    else:
+        probabilities = from_logprobs(content, lines, evidence, steps)
     message = choice.get("message") or {}
     text = str(message.get("content") or "") if isinstance(message, Mapping) else ""
-    texts = from_text(text, evidence) if len(probabilities) < len(keys) else {}
+    texts = from_text(text, evidence, verdicts) if len(probabilities) < len(keys) else {}
     answers: list[Answer] = []
     for key in keys:
         if key in probabilities:

@@ -18,7 +18,7 @@ import json
 import os
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -54,10 +54,13 @@ def retry_after_seconds(value: str | None, now: float) -> float | None:
         return max(0.0, parsed.timestamp() - now) if parsed else None
 
 
-def answer_token_budget(lines: list[str]) -> int:
+def answer_token_budget(lines: list[str], labels: Sequence[str] = ()) -> int:
     """max_tokens for the answer lines: each restated line (~3 chars a token, generously) plus its
-    answer (`yes`, `none`, `S12`) and newline; a bounded completion keeps cost and latency known."""
-    return sum(len(line) // 3 + 7 for line in lines) + 8
+    answer (`yes`, `none`, `S12`) and newline, and with `labels` the longest agent step an
+    evidence line may restate (~2 chars a token: arguments are digits and punctuation); a
+    bounded completion keeps cost and latency known."""
+    restated = max((len(label) // 2 + 4 for label in labels), default=0)
+    return sum(len(line) // 3 + 7 + (restated if line.startswith("E") else 0) for line in lines) + 8
 
 
 class OpenAIJudge:
@@ -75,6 +78,7 @@ class OpenAIJudge:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.config = config
+        self.prompt = prompt_file(config.prompt_version)
         self.stats = JudgeStats(backend=self.backend)
         self.cache = JudgeCache(config.cache_entries)
         self._api_key = (os.environ if environ is None else environ).get(config.api_key_env)
@@ -93,7 +97,7 @@ class OpenAIJudge:
             self._session = aiohttp.ClientSession()
             self._semaphore = asyncio.Semaphore(self.config.max_concurrency)
         groups = list(batch.groups().values())
-        rendered = [render_group(batch, indices) for indices in groups]
+        rendered = [render_group(batch, indices, self.prompt) for indices in groups]
         tasks = [asyncio.create_task(self._answer(group, budget)) for group in rendered]
         try:
             results = await asyncio.gather(*tasks)
@@ -108,7 +112,7 @@ class OpenAIJudge:
 
     async def _answer(self, group: RenderedGroup, budget: BudgetHook | None) -> tuple[Answer, ...]:
         key = stable_hash(
-            [self.config.model, prompt_file().version, self.config.answer_grammar, group.messages]
+            [self.config.model, self.prompt.version, self.config.answer_grammar, group.messages]
         )
         cached = self.cache.get(key)
         if cached is not None:
@@ -154,14 +158,14 @@ class OpenAIJudge:
         body: dict[str, Any] = {
             "model": cfg.model,
             "messages": group.messages,
-            cfg.max_tokens_field: answer_token_budget(group.lines),
+            cfg.max_tokens_field: answer_token_budget(group.lines, group.labels),
             "temperature": 0,
             "logprobs": True,
             "top_logprobs": cfg.top_logprobs,
         }
         if cfg.answer_grammar:  # llama.cpp-family fields (OpenAI rejects them)
             body["grammar"] = answer_grammar(
-                group.lines, group.steps if group.evidence else None, group.yes_then_step
+                group.lines, group.steps if group.evidence else None, group.yes_then_step, group.labels
             )
             # llama-cpp-python's server defaults to 1.1 (llama-server to 1.0), which pushes a
             # repeated `yes` / `S2` away from what the logits say: the written answers then
@@ -233,7 +237,13 @@ class OpenAIJudge:
             budget.spend_usd(cost)
         try:
             read = read_answers(
-                choice, group.keys, self.config.require_logprobs, group.lines, evidence=group.evidence
+                choice,
+                group.keys,
+                self.config.require_logprobs,
+                group.lines,
+                evidence=group.evidence,
+                steps=group.steps if group.evidence else None,
+                verdicts=group.verdict_after_step,
             )
         except JudgeMalformed:
             self.stats.count("malformed")

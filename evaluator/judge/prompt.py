@@ -7,6 +7,10 @@ p(a step) vs p(none) and the order answer is computed from the named steps' posi
 (answers.order_from_positions) instead of asked: measured with Qwen2.5-Coder-1.5B, an asked
 order question was right on 2 of 16 dev trajectories, the computed one on 15 (docs/judges.md).
 plan_adherence: yes/no lines restating each agent step (`S2. search web: yes`).
+Prompt stepwatch-judge-7 (`verdict_after_step`) has each evidence line name the nearest agent
+step, restate it and only then answer (`E2. refund the customer: S3 check refund eligibility
+(order id: 5512): no`): the verdict is decided with the two steps side by side, which lifted
+Qwen2.5-Coder-1.5B's dev per-step accuracy from 0.878 (v5) to 0.939 (docs/judges.md).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .base import JudgeBatch, JudgeMalformed, Question
-from .readable import readable_item, short_label
+from .readable import readable_item, short_label, verdict_label
 
 YesNo = Literal["yes", "no"]
 
@@ -34,6 +38,9 @@ class StepsExample(BaseModel):
     expected: list[str]
     evidence: list[int]
     """Per expected step, the 1-based agent step that accomplishes it, 0 for none."""
+    closest: list[int] | None = None
+    """Per expected step, the agent step a `verdict_after_step` answer names before its verdict:
+    the one that accomplishes it, else the one nearest to it (never 0)."""
 
     @model_validator(mode="after")
     def _evidence_fits(self) -> StepsExample:
@@ -41,6 +48,14 @@ class StepsExample(BaseModel):
             0 <= n <= len(self.trajectory) for n in self.evidence
         ):
             raise ValueError("evidence needs one agent step number (0 = none) per expected step")
+        if self.closest is not None and (
+            len(self.closest) != len(self.expected)
+            or not all(1 <= n <= len(self.trajectory) for n in self.closest)
+            or any(e and e != c for e, c in zip(self.evidence, self.closest, strict=True))
+        ):
+            raise ValueError(
+                "closest needs one agent step per expected step, the evidence step where there is one"
+            )
         return self
 
 
@@ -68,16 +83,45 @@ class PromptFile(BaseModel):
     """Evidence lines answer `yes S2` / `no` (p from the yes/no token, the step after it) rather
     than `S2` / `none`."""
     """Evidence lines restate their step (`E1. look up order: S1`) rather than `E1: S1`."""
+    verdict_after_step: bool = False
+    """Evidence lines name the nearest agent step, restate it, then judge it:
+    `E1. refund the customer: S3 check refund eligibility (order id: 5): no`. The yes/no is
+    decided with the two steps side by side, as a one-pair question would be (p from the
+    verdict token, the position from the digit); takes precedence over `yes_then_step`."""
     plan_step: str
     task_line: str
     trajectory_steps_examples: list[StepsExample] = Field(min_length=1)
     plan_step_examples: list[PlanExample] = Field(min_length=1)
 
+    @model_validator(mode="after")
+    def _examples_name_a_step(self) -> PromptFile:
+        if self.verdict_after_step and any(ex.closest is None for ex in self.trajectory_steps_examples):
+            raise ValueError("verdict_after_step: every trajectory_steps example needs `closest`")
+        return self
+
 
 @functools.cache
-def prompt_file() -> PromptFile:
-    text = resources.files(__package__).joinpath("prompts.yaml").read_text(encoding="utf-8")
+def _load(name: str) -> PromptFile:
+    text = resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
     return PromptFile.model_validate(yaml.safe_load(text))
+
+
+def prompt_file(version: str | None = None) -> PromptFile:
+    """The default prompt (prompts.yaml), or an earlier version by name (`stepwatch-judge-5`):
+    earlier versions stay in prompts/VERSION.yaml so a measurement can be re-run on the prompt it
+    was made with, and a deployment can pin a version while it re-checks a new default."""
+    default = _load("prompts.yaml")
+    if version is None or version == default.version:
+        return default
+    if not version.replace("-", "").replace(".", "").isalnum():
+        raise ValueError(f"not a prompt version: {version!r}")
+    try:
+        file = _load(f"prompts/{version}.yaml")
+    except FileNotFoundError:
+        raise ValueError(f"no judge prompt version {version!r} (evaluator/judge/prompts/)") from None
+    if file.version != version:
+        raise ValueError(f"prompts/{version}.yaml says it is version {file.version!r}")
+    return file
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +140,13 @@ class RenderedGroup:
     """How many agent steps the lines can name (S1..S{steps})."""
     yes_then_step: bool = False
     """Evidence lines are answered `yes S2` / `no` (prompts.yaml `yes_then_step`)."""
+    labels: tuple[str, ...] = ()
+    """With `verdict_after_step`: what an answer restates for agent step n (labels[n - 1])."""
+
+    @property
+    def verdict_after_step(self) -> bool:
+        """Evidence lines are answered `S3 <step 3 restated>: yes` (prompts.yaml `verdict_after_step`)."""
+        return bool(self.labels)
 
     @property
     def keys(self) -> list[str]:
@@ -122,12 +173,19 @@ def _steps_user(
         task=_task(file.task_line, task),
         steps=_numbered(trajectory, "S") or "(no steps)",
         expected="\n".join(f"E{n}. {_one_line(step)}" for n, step in enumerate(expected, start=1)),
-        form="\n".join(f"{line}: {YES_STEP_FORM if file.yes_then_step else EVIDENCE_FORM}" for line in lines),
+        form="\n".join(f"{line}: {_form(file)}" for line in lines),
     )
+
+
+def _form(file: PromptFile) -> str:
+    if file.verdict_after_step:
+        return VERDICT_FORM
+    return YES_STEP_FORM if file.yes_then_step else EVIDENCE_FORM
 
 
 EVIDENCE_FORM = "S? or none"
 YES_STEP_FORM = "yes S? or no"
+VERDICT_FORM = "S? (that step again): yes or no"
 """What the form asks on an evidence line; tests/fake_openai.py answers lines that end so."""
 
 
@@ -135,6 +193,11 @@ def _evidence(n: int, yes_then_step: bool = False) -> str:
     if yes_then_step:
         return f"yes S{n}" if n else "no"
     return f"S{n}" if n else "none"
+
+
+def _verdict(trajectory: Sequence[str], closest: int, performed: bool) -> str:
+    """`S3 check refund eligibility (order id: 5): no`: the nearest agent step, restated, judged."""
+    return f"S{closest} {verdict_label(trajectory[closest - 1])}: {'yes' if performed else 'no'}"
 
 
 def _plan_user(
@@ -170,12 +233,13 @@ def _examples(file: PromptFile, kind: str) -> list[dict[str, str]]:
             turns.append(
                 {"role": "user", "content": _steps_user(file, ex.input, ex.trajectory, ex.expected, lines)}
             )
-            turns.append(
-                {
-                    "role": "assistant",
-                    "content": _filled(lines, [_evidence(n, file.yes_then_step) for n in ex.evidence]),
-                }
-            )
+            if file.verdict_after_step and ex.closest is not None:
+                answers = [
+                    _verdict(ex.trajectory, c, bool(e)) for e, c in zip(ex.evidence, ex.closest, strict=True)
+                ]
+            else:
+                answers = [_evidence(n, file.yes_then_step) for n in ex.evidence]
+            turns.append({"role": "assistant", "content": _filled(lines, answers)})
     else:
         for px in file.plan_step_examples:
             lines = plan_lines(px.trajectory, [*range(len(px.trajectory)), None])
@@ -233,4 +297,7 @@ def render_group(batch: JudgeBatch, indices: Sequence[int], file: PromptFile | N
         derived=derived,
         steps=len(trajectory),
         yes_then_step=file.yes_then_step,
+        labels=tuple(verdict_label(item) for item in trajectory)
+        if kind == "steps" and file.verdict_after_step
+        else (),
     )

@@ -67,3 +67,13 @@ def short_label(item: str, max_words: int = 6) -> str:
     text = readable_item(item).split(" (", 1)[0]
     words = text.replace(":", " ").split()
     return " ".join(words[:max_words]) or "step"
+
+
+MAX_VERDICT_LABEL_CHARS = 80
+
+
+def verdict_label(item: str) -> str:
+    """What a `verdict_after_step` answer restates for an agent step: the readable item, shorter
+    (every character is a decoded answer token, forced by the grammar but paid for in latency)."""
+    text = readable_item(item).replace("\n", " ")
+    return text if len(text) <= MAX_VERDICT_LABEL_CHARS else text[: MAX_VERDICT_LABEL_CHARS - 1] + "…"

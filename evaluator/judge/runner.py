@@ -37,6 +37,9 @@ class JudgeRunner:
         """`judge_prompt` (prompts.yaml's version) for backends that render prompts; {} for local."""
         if self.judge.backend == "local":
             return {}
+        prompt = getattr(self.judge, "prompt", None)  # the version the judge renders with
+        if prompt is not None:
+            return {"judge_prompt": prompt.version}
         from .prompt import prompt_file  # YAML + pydantic load, only for a prompting backend
 
         return {"judge_prompt": prompt_file().version}

@@ -53,6 +53,11 @@ class OpenAIJudgeConfig(BaseModel):
     price_input_per_1k: float = Field(default=0.0, ge=0)
     price_output_per_1k: float = Field(default=0.0, ge=0)
     cache_entries: int = Field(default=10_000, ge=1)
+    prompt_version: str | None = Field(
+        default=None,
+        description="The judge prompt to render with (evaluator/judge/prompts.yaml's `version`, or an "
+        "earlier one kept in evaluator/judge/prompts/); None: the default.",
+    )
 
 
 class JudgeBudget(BaseModel):

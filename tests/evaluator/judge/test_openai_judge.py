@@ -69,8 +69,8 @@ async def test_one_request_per_trajectory_and_p_read_from_each_answer_tokens_log
     finally:
         await judge.aclose()
     assert len(server.requests) == 1  # K = 3 step questions + the order question, one request
-    # The fake names step S1 for E1 and S2 for E2 (in order), none for E3: the order answer is
-    # computed from those positions, not asked.
+    # The fake names step S1 for E1 and S2 for E2 (in order) with yes, and S2 with no for E3 (a
+    # `no` places nothing): the order answer is computed from those positions, not asked.
     assert [a.p for a in answers] == [pytest.approx(p) for p in (0.9, 0.7, 0.2, 1.0)]
     assert [a.source for a in answers] == ["logprobs"] * 3 + ["positions"]
     assert [a.where for a in answers[:3]] == [((0, 1.0),), ((1, 1.0),), ()]
@@ -80,7 +80,7 @@ async def test_one_request_per_trajectory_and_p_read_from_each_answer_tokens_log
     # the order question is not asked: it is computed from the steps named
     assert form_lines(body) == ["E1. look up order", "E2. issue refund", "E3. notify customer"]
     assert "repeat_penalty" not in body  # a llama.cpp field: only with answer_grammar
-    assert 20 <= body["max_tokens"] <= 80  # bounded: the lines plus their answers
+    assert 20 <= body["max_tokens"] <= 160  # bounded: the lines, the steps they restate, their answers
     roles = [m["role"] for m in body["messages"]]
     examples = len(prompt_file().trajectory_steps_examples)
     assert roles == ["system", *["user", "assistant"] * examples, "user"]  # worked examples first
@@ -110,15 +110,24 @@ async def test_the_optional_input_reaches_the_judge(fake):
 async def test_grammar_constrains_the_answer_lines_when_enabled(fake):
     server = await fake(answering(refund_answers))
     judge = judge_for(server, answer_grammar=True)
+    v5 = judge_for(server, answer_grammar=True, prompt_version="stepwatch-judge-5")
     try:
-        await judge.ask(refund_batch())
+        answers = await judge.ask(refund_batch())
+        await v5.ask(refund_batch())
     finally:
         await judge.aclose()
+        await v5.aclose()
     body = server.requests[0]
     grammar = body["grammar"]
     assert grammar.startswith('root ::= "E1. look up order: " ev "\\n" "E2. issue refund: " ev "\\n"')
-    assert grammar.rstrip().endswith('ev ::= "yes S" ("2" | "1") | "no"')  # the two agent steps
+    # each evidence line names one of the two agent steps, restated, then its verdict
+    assert grammar.rstrip().endswith(
+        'ev ::= "S" ("1 lookup order (order id: 4471): " | "2 issue refund (order id: 4471, amount: 89.0): ") yn'
+    )
+    assert [a.p for a in answers[:3]] == [pytest.approx(p) for p in (0.96, 0.96, 0.04)]
     assert body["repeat_penalty"] == 1.0  # llama-cpp-python's 1.1 would bend repeated answers
+    v5_grammar = server.requests[1]["grammar"]
+    assert v5_grammar.rstrip().endswith('ev ::= "yes S" ("2" | "1") | "no"')  # prompt v5's answers
 
 
 async def test_without_logprobs_answers_are_marked_and_counted_not_made_up(fake):
@@ -450,7 +459,7 @@ async def test_steps_named_out_of_order_give_a_low_order_answer(fake):
         lines = form_lines(body)
         completion = completion_for(lines, [0.9, 0.9, 0.1])
         content = completion["choices"][0]["logprobs"]["content"]
-        digits = [entry for entry in content if entry["token"] in ("1", "2")]
+        digits = [entry for entry in content if entry["token"] in ("1", "2")][:2]  # E1's, E2's
         for entry, step in zip(digits, ("2", "1"), strict=True):
             entry["token"] = step
             entry["top_logprobs"] = [{"token": step, "logprob": 0.0}]
@@ -485,3 +494,67 @@ def test_a_yes_then_step_answer_reads_p_from_yes_and_the_position_from_the_step_
     del choice["logprobs"]  # from the text alone
     first, second = read_answers(choice, ["E1", "E2"], evidence=True)
     assert (first.p, first.source, first.where, second.p) == (1.0, "answer_text", ((1, 1.0),), 0.0)
+
+
+def test_step_numbers_beyond_the_trajectory_get_no_probability():
+    """llama.cpp reports top_logprobs from the raw logits, before the grammar masks them: after
+    `S` in a two-step trajectory the list still holds `3`. A step that does not exist must not
+    take a share of where the answer happened (it would leak probability out of the order
+    computation and misplace the step)."""
+    from stepwatch.evaluator.judge.answers import read_answers
+
+    content = [
+        logprob_entry("E1. pay:", [("E1. pay:", 1.0)]),
+        logprob_entry(" yes", [(" yes", 0.9), (" no", 0.1)]),
+        logprob_entry(" S", [(" S", 1.0)]),
+        logprob_entry("2", [("2", 0.6), ("3", 0.3), ("1", 0.1)]),
+    ]
+    choice = {"message": {"content": "E1. pay: yes S2"}, "logprobs": {"content": content}}
+    [answer] = read_answers(choice, ["E1"], lines=["E1. pay"], evidence=True, steps=2)
+    assert answer.where == ((0, pytest.approx(0.1 / 0.7)), (1, pytest.approx(0.6 / 0.7)))
+
+
+async def test_the_judge_masks_step_numbers_beyond_its_trajectory(fake):
+    def beyond(body: dict, n: int) -> dict[str, Any]:  # E1 at S1 or (no such step) S7
+        completion = completion_for(form_lines(body), [0.9, 0.9, 0.1])
+        content = completion["choices"][0]["logprobs"]["content"]
+        first = next(entry for entry in content if entry["token"] == "1")
+        first["top_logprobs"] = [
+            {"token": "7", "logprob": math.log(0.5)},
+            {"token": "1", "logprob": math.log(0.5)},
+        ]
+        return completion
+
+    server = await fake(beyond)
+    judge = judge_for(server)
+    try:
+        answers = await judge.ask(refund_batch())
+    finally:
+        await judge.aclose()
+    assert answers[0].where == ((0, 1.0),)  # the refund trajectory has two steps: S7 is masked
+    assert answers[3].p == pytest.approx(1.0)
+
+
+def test_earlier_prompt_versions_stay_loadable_by_name():
+    """A measurement is re-run on the prompt it was made with, and a deployment can pin one."""
+    default = prompt_file()
+    assert prompt_file(None) is default and prompt_file(default.version) is default
+    v5 = prompt_file("stepwatch-judge-5")
+    assert v5.version == "stepwatch-judge-5" and v5.yes_then_step and not v5.verdict_after_step
+    with pytest.raises(ValueError, match="no judge prompt version"):
+        prompt_file("stepwatch-judge-0")
+    with pytest.raises(ValueError, match="not a prompt version"):
+        prompt_file("../prompts")
+
+
+async def test_a_pinned_prompt_version_is_rendered_cached_and_reported(fake):
+    server = await fake(answering(refund_answers))
+    judge = judge_for(server, prompt_version="stepwatch-judge-5")
+    scorer = TrajectoryStepsScorer(JudgeRunner(judge=judge))
+    try:
+        result = await scorer.score(scoring_input("t"))
+    finally:
+        await judge.aclose()
+    assert result.metadata["judge_prompt"] == "stepwatch-judge-5"
+    assert server.requests[0]["messages"][0]["content"] == prompt_file("stepwatch-judge-5").system
+    assert "E1. look up order: yes S? or no" in server.requests[0]["messages"][-1]["content"]
