@@ -54,6 +54,15 @@ def _word(token: str) -> str:
     return token.strip().strip(".!,;*").lower()
 
 
+def _entries(content: Sequence[Any]) -> list[Mapping[str, Any]]:
+    """A choice's logprobs entries, each checked to carry its token (else JudgeMalformed)."""
+    entries = list(content)
+    for entry in entries:
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("token"), str):
+            raise JudgeMalformed(f"unreadable logprobs entry: {entry!r}"[:160])
+    return entries
+
+
 def _continues(written: str, token: str) -> bool:
     """Whether `token` can follow `written` as an answer: exactly one space after the colon."""
     if written.endswith(":"):
@@ -148,10 +157,8 @@ def from_logprobs(
     found: dict[str, Answer] = {}
     loose: dict[str, Answer] = {}
     text = ""
-    entries = list(content)
+    entries = _entries(content)
     for position, entry in enumerate(entries):
-        if not isinstance(entry, Mapping) or not isinstance(entry.get("token"), str):
-            raise JudgeMalformed(f"unreadable logprobs entry: {entry!r}"[:160])
         token = entry["token"]
         written = text.rsplit("\n", 1)[-1]
         line = written.strip()
@@ -193,10 +200,8 @@ def from_verdict_logprobs(
     on_line: dict[str, Answer] = {}
     step_at: int | None = None
     text = ""
-    entries = list(content)
+    entries = _entries(content)
     for position, entry in enumerate(entries):
-        if not isinstance(entry, Mapping) or not isinstance(entry.get("token"), str):
-            raise JudgeMalformed(f"unreadable logprobs entry: {entry!r}"[:160])
         token = entry["token"]
         written = text.rsplit("\n", 1)[-1]
         head = written.strip().lstrip("*# ")
@@ -206,17 +211,15 @@ def from_verdict_logprobs(
             continue
         prefix = prefixes.get(key)
         rest = head[len(prefix) :] if prefix and head.startswith(prefix) else head.partition(":")[2]
-        if ":" not in head or not _continues(written, token):
-            pass
-        elif step_at is None and not rest.strip() and _word(token) in STEP_TOKENS:
-            step_at = position
-        elif (
-            step_at is not None and written.rstrip().endswith(":") and _word(token) in YES_TOKENS | NO_TOKENS
-        ):
-            yes, no = _masses(entry, written, (YES_TOKENS, NO_TOKENS))
-            if yes + no > 0:  # where: only for a step said done (a `no` names the nearest, not the doer)
-                where = _where(entries, step_at, steps) if _word(token) in YES_TOKENS else ()
-                on_line[key] = Answer(yes / (yes + no), "logprobs", where)
+        word = _word(token)
+        if ":" in head and _continues(written, token):
+            if step_at is None and not rest.strip() and word in STEP_TOKENS:
+                step_at = position
+            elif step_at is not None and written.rstrip().endswith(":") and word in YES_TOKENS | NO_TOKENS:
+                yes, no = _masses(entry, written, (YES_TOKENS, NO_TOKENS))
+                if yes + no > 0:  # where: only for a step said done (a `no` names the nearest, not the doer)
+                    where = _where(entries, step_at, steps) if word in YES_TOKENS else ()
+                    on_line[key] = Answer(yes / (yes + no), "logprobs", where)
         if "\n" in token or position == len(entries) - 1:
             found.update((k, v) for k, v in on_line.items() if k not in found)
             on_line, step_at = {}, None

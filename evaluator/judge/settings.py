@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 JudgeScorerName = Literal["trajectory_steps", "plan_adherence"]
 
@@ -58,6 +58,16 @@ class OpenAIJudgeConfig(BaseModel):
         description="The judge prompt to render with (evaluator/judge/prompts.yaml's `version`, or an "
         "earlier one kept in evaluator/judge/prompts/); None: the default.",
     )
+
+    @field_validator("prompt_version")
+    @classmethod
+    def _a_known_version(cls, version: str | None) -> str | None:
+        """A pinned version that does not exist is a config error, not a failure at first judge."""
+        if version is not None:
+            from .prompt import prompt_file  # the prompt files are read only when one is pinned
+
+            prompt_file(version)
+        return version
 
 
 class JudgeBudget(BaseModel):

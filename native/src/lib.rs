@@ -419,13 +419,9 @@ fn read_spans<'py>(
     let limits = limits.map(Limits::new);
     let (payloads, origins) = record_parts(records)?;
     // parse everything first: bytes not handled here leave the work to Python before any callback
-    let mut spans = Vec::with_capacity(payloads.len());
-    for payload in &payloads {
-        match lean::parse(payload.as_bytes()) {
-            Ok(span) => spans.push(span),
-            Err(_) => return Ok(None),
-        }
-    }
+    let Some(spans) = parse_all(&payloads) else {
+        return Ok(None);
+    };
     let mut forced: Vec<bool> = vec![false; spans.len()];
     for item in full.iter() {
         if let Ok(i) = item.extract::<usize>() {
@@ -480,6 +476,17 @@ fn record_parts<'py>(
     Ok((payloads, origins))
 }
 
+/// Every record's span parsed; None if any is bytes not handled here (Python decides).
+fn parse_all<'a>(payloads: &'a [Bound<'_, PyBytes>]) -> Option<Vec<lean::LeanSpan<'a>>> {
+    payloads.iter().map(|p| lean::parse(p.as_bytes()).ok()).collect()
+}
+
+/// More distinct attribute keys than `max_attributes` (what the dict's len() counts): decoded
+/// whole, for the attributes-per-span limit.
+fn too_many(span: &lean::LeanSpan<'_>, max_attributes: usize) -> bool {
+    span.attributes.len() > max_attributes && lean::distinct_keys(&span.attributes) > max_attributes
+}
+
 /// What the fused read (`read_observe`) keeps of each span besides its Span: the view the
 /// partition fields and the steps pass read, and its resource attributes.
 struct Fused<'py> {
@@ -531,9 +538,7 @@ fn build<'py, 'a>(
             }
             origin = Some(this);
         }
-        let many =
-            span.attributes.len() > max_attributes && lean::distinct_keys(&span.attributes) > max_attributes;
-        let attributes = if forced[index] || many {
+        let attributes = if forced[index] || too_many(span, max_attributes) {
             forced[index] = true;
             full.add(index)?;
             whole.call1((&payloads[index],))?
@@ -592,17 +597,14 @@ fn build<'py, 'a>(
         } else {
             fields.set_item(intern!(py, "status_message"), span.status_message)?;
         }
-        fields.set_item(intern!(py, "attributes"), attributes)?;
+        fields.set_item(intern!(py, "attributes"), &attributes)?;
         fields.set_item(intern!(py, "resource_attributes"), &resource_attributes)?;
         fields.set_item(intern!(py, "scope_name"), &scope_name)?;
         fields.set_item(intern!(py, "seq"), index)?;
         if let Some(fused) = fused.as_deref_mut() {
             let time = |nanos: u64| (nanos != 0).then_some(i128::from(nanos));
             fused.views.push(observe::View {
-                attrs: fields
-                    .get_item(intern!(py, "attributes"))?
-                    .ok_or_else(|| PyValueError::new_err("no attributes"))?
-                    .downcast_into::<PyDict>()?,
+                attrs: attributes.downcast_into::<PyDict>()?,
                 trace_py,
                 span_py,
                 parent_py,
@@ -709,21 +711,15 @@ fn read_observe<'py>(
     let hooks = observe_hooks(py, hooks, step, trajectory_step)?;
     let maker = Maker::new(py, &py.None().into_bound(py), Some(model))?;
     let (payloads, origins) = record_parts(records)?;
-    let mut spans = Vec::with_capacity(payloads.len());
-    for payload in &payloads {
-        match lean::parse(payload.as_bytes()) {
-            Ok(span) => spans.push(span),
-            Err(_) => return Ok(None),
-        }
-    }
+    let Some(spans) = parse_all(&payloads) else {
+        return Ok(None);
+    };
     let limits = Limits::new(limits);
-    for (span, payload) in spans.iter().zip(&payloads) {
-        let over = limits.touch(payload.as_bytes(), &span.attributes);
-        let many =
-            span.attributes.len() > max_attributes && lean::distinct_keys(&span.attributes) > max_attributes;
-        if over || many {
-            return Ok(None);
-        }
+    let limited = |(span, payload): (&lean::LeanSpan<'_>, &Bound<'py, PyBytes>)| {
+        limits.touch(payload.as_bytes(), &span.attributes) || too_many(span, max_attributes)
+    };
+    if spans.iter().zip(&payloads).any(limited) {
+        return Ok(None);
     }
     let mut fused = Fused {
         views: Vec::with_capacity(spans.len()),

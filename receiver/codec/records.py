@@ -111,7 +111,7 @@ class ObservedReader:
     def __init__(self, limits: LimitsConfig, origins: OriginCache, max_resources: int = 1024) -> None:
         self._limits = limits
         self._origins = origins
-        self._bounds = span_limits(limits.max_attribute_value_length, limits.max_json_depth)
+        self._bounds = spancore.clamped(span_limits(limits.max_attribute_value_length, limits.max_json_depth))
         self._within: dict[bytes, bool] = {}  # encoded resource -> no limit touches its attributes
         self._max_resources = max_resources
 
@@ -125,7 +125,7 @@ class ObservedReader:
         if not spancore.AVAILABLE:
             return None
         return spancore.read_observed(
-            records,  # type: ignore[arg-type]  # a list from the buffer; read_observed copies others
+            records,
             selection,
             self._limits.max_attributes_per_span,
             self._bounds,

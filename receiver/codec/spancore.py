@@ -190,7 +190,7 @@ def partitioner() -> PartitionFields | None:
 
 
 def read_observed(
-    records: list[SpanRecord],
+    records: Sequence[SpanRecord],
     selection: AttributeSelection,
     max_attributes: int,
     limits: tuple[int, int, int],
@@ -201,17 +201,17 @@ def read_observed(
     want_session: bool,
 ) -> tuple[PartitionDerived, Observed] | None:
     """`read_spans`, `partitioner()` and `observer()` in one native call (engine.ObservedDecoder):
-    the passes read each span's view as it is built instead of from its Span, twice. None where a
-    span needs the per-span limits (`limits` and `max_attributes` as `read_spans` takes them, or
-    `origin_of(origin)`'s third item false: a resource over them) or a pass gives up: the caller
-    then decodes, limits and derives apart."""
+    both passes read the view of each span built as it is read, not the Span afterwards. None where
+    a span needs the per-span limits (`limits`, as `clamped` gives them, and `max_attributes` as
+    `read_spans` takes them, or `origin_of(origin)`'s third item false: a resource over them) or a
+    pass gives up: the caller then decodes, limits and derives apart."""
     if _core is None or max_attributes < 0:
         return None
     found = _core.read_observe(
         records if type(records) is list else list(records),
         _selector(selection),
         max_attributes,
-        (_clamp(limits[0]), _clamp(limits[1]), _clamp(limits[2])),
+        limits,
         origin_of,
         value_of,
         model,
@@ -271,8 +271,8 @@ def read_spans(
     fields set): build each with evaluator.model.construct's steps natively instead of `make`."""
     if _core is None or max_attributes < 0:
         return None
-    if limits is not None:  # Python's ints are unbounded, the native limits are i64
-        limits = (_clamp(limits[0]), _clamp(limits[1]), _clamp(limits[2]))
+    if limits is not None:
+        limits = clamped(limits)
     if type(records) is not list:
         records = list(records)
     spans = _core.read_spans(
@@ -283,5 +283,8 @@ def read_spans(
     return spans
 
 
-def _clamp(value: int) -> int:
-    return max(-(1 << 63), min(value, (1 << 63) - 1))
+def clamped(limits: tuple[int, int, int]) -> tuple[int, int, int]:
+    """Span limits as the native reader takes them: Python's ints are unbounded, its limits i64."""
+    low, high = -(1 << 63), (1 << 63) - 1
+    most_bytes, max_length, max_depth = (max(low, min(value, high)) for value in limits)
+    return most_bytes, max_length, max_depth

@@ -62,10 +62,14 @@ def native_observed(spans: list[Span]) -> tuple[list[dict[str, Any]], dict[str, 
     return [dataclasses.asdict(s) for s in steps], trajectory.model_dump()
 
 
-def built(spans: list[Span], kind: str, native: bool) -> dict[str, Any]:
+def partition_of(spans: list[Span], kind: str, native: bool = False) -> Partition:
     session_id = "s-1" if kind == "session" else None
     fields = FIELDS if native else None
-    return build_partition(kind, "p", spans, session_id=session_id, fields=fields).model_dump()  # type: ignore[arg-type]
+    return build_partition(kind, "p", spans, session_id=session_id, fields=fields)  # type: ignore[arg-type]
+
+
+def built(spans: list[Span], kind: str, native: bool) -> dict[str, Any]:
+    return partition_of(spans, kind, native).model_dump()
 
 
 def assert_same(partition: Partition) -> None:
@@ -121,16 +125,13 @@ def _one_pass(records: list[Any], kind: str, limits: LimitsConfig) -> Any:
 
 
 def _apart(records: list[Any], kind: str, limits: LimitsConfig) -> Any:
-    """What the passes give one after the other, on the Python rules."""
+    """What the passes give one after the other: the reader and the limits, then build_partition's
+    and the steps' Python rules."""
     spans = decode_limited(records, SELECTION, limits, LimitCounters())
-    partition = built_partition(spans, kind)
+    partition = partition_of(spans, kind)
     fields = [partition.task_key, None if kind == "session" else partition.session_id, partition.trace_ids]
     fields.append(partition.annotations.get("expected_steps"))
     return [s.model_dump() for s in partition.spans], fields, *python_observed(partition.spans)
-
-
-def built_partition(spans: list[Span], kind: str) -> Partition:
-    return build_partition(kind, "p", spans, session_id="s-1" if kind == "session" else None)  # type: ignore[arg-type]
 
 
 SELECTION = scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from fake_openai import FakeServer, answering, completion_for, form_lines, raw_completion
+from pydantic import ValidationError
 
 from stepwatch.evaluator.judge.base import (
     Answer,
@@ -44,6 +45,15 @@ def judge_for(server: FakeServer, **overrides: Any) -> OpenAIJudge:
     return OpenAIJudge(config, environ={"OPENAI_API_KEY": "sk-test"})
 
 
+async def ask_refund(server: FakeServer) -> tuple[list[Any], OpenAIJudge]:
+    """The refund batch asked once of a judge on `server` (closed after): its answers, the judge."""
+    judge = judge_for(server)
+    try:
+        return await judge.ask(refund_batch()), judge
+    finally:
+        await judge.aclose()
+
+
 def refund_batch(state: dict[str, Any] | None = None) -> JudgeBatch:
     state = state or REFUND
     questions = [step_question(i, s) for i, s in enumerate(state["expected_trajectory"])] + [ORDER_QUESTION]
@@ -63,11 +73,7 @@ def scoring_input(pid: str, **extras: Any) -> ScoringInput:
 
 async def test_one_request_per_trajectory_and_p_read_from_each_answer_tokens_logprobs(fake):
     server = await fake(answering(lambda line: {"E1": 0.9, "E2": 0.7, "E3": 0.2}.get(line[:2], 0.6)))
-    judge = judge_for(server)
-    try:
-        answers = await judge.ask(refund_batch())
-    finally:
-        await judge.aclose()
+    answers, judge = await ask_refund(server)
     assert len(server.requests) == 1  # K = 3 step questions + the order question, one request
     # The fake names step S1 for E1 and S2 for E2 (in order) with yes, and S2 with no for E3 (a
     # `no` places nothing): the order answer is computed from those positions, not asked.
@@ -192,11 +198,7 @@ async def test_429_honours_retry_after(fake):
         return ok(body, n)
 
     server = await fake(respond)
-    judge = judge_for(server)
-    try:
-        answers = await judge.ask(refund_batch())
-    finally:
-        await judge.aclose()
+    answers, judge = await ask_refund(server)
     assert (answers[0].p, answers[0].source) == (pytest.approx(0.8), "logprobs")
     assert len(server.requests) == 2 and server.times[1] - server.times[0] >= 0.95
     assert judge.stats.requests == {"rate_limited": 1, "ok": 1}
@@ -216,11 +218,7 @@ async def test_a_retry_after_too_long_fails_fast(fake):
 async def test_5xx_is_retried_with_backoff_then_gives_up(fake):
     ok = answering(lambda line: 0.3)
     flaky = await fake(lambda b, n: web.Response(status=503) if n < 2 else ok(b, n))
-    judge = judge_for(flaky)
-    try:
-        answers = await judge.ask(refund_batch())
-    finally:
-        await judge.aclose()
+    answers, judge = await ask_refund(flaky)
     assert answers[0].p == pytest.approx(0.3)
     assert len(flaky.requests) == 3 and judge.stats.requests == {"error": 2, "ok": 1}
 
@@ -466,11 +464,7 @@ async def test_steps_named_out_of_order_give_a_low_order_answer(fake):
         return completion
 
     server = await fake(swapped)
-    judge = judge_for(server)
-    try:
-        answers = await judge.ask(refund_batch())
-    finally:
-        await judge.aclose()
+    answers, _ = await ask_refund(server)
     assert [a.where for a in answers[:3]] == [((1, 1.0),), ((0, 1.0),), ()]
     assert answers[3].p == pytest.approx(0.0) and answers[3].source == "positions"
 
@@ -526,13 +520,17 @@ async def test_the_judge_masks_step_numbers_beyond_its_trajectory(fake):
         return completion
 
     server = await fake(beyond)
-    judge = judge_for(server)
-    try:
-        answers = await judge.ask(refund_batch())
-    finally:
-        await judge.aclose()
+    answers, _ = await ask_refund(server)
     assert answers[0].where == ((0, 1.0),)  # the refund trajectory has two steps: S7 is masked
     assert answers[3].p == pytest.approx(1.0)
+
+
+def test_a_pinned_prompt_version_that_does_not_exist_is_a_config_error():
+    with pytest.raises(ValidationError, match="no judge prompt version 'stepwatch-judge-99'"):
+        OpenAIJudgeConfig(prompt_version="stepwatch-judge-99")
+    with pytest.raises(ValidationError, match="not a prompt version"):
+        OpenAIJudgeConfig(prompt_version="../secrets")
+    assert OpenAIJudgeConfig(prompt_version="stepwatch-judge-5").prompt_version == "stepwatch-judge-5"
 
 
 def test_earlier_prompt_versions_stay_loadable_by_name():
