@@ -69,6 +69,7 @@ def main() -> None:
     parser.add_argument("--raw", help="also keep py-spy's raw (collapsed) samples here")
     parser.add_argument("--server-core", type=int, default=1)
     parser.add_argument("--client-core", type=int, default=0)
+    parser.add_argument("--native", action="store_true", help="also sample C/Rust frames (py-spy --native)")
     args = parser.parse_args()
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     bench_args = argparse.Namespace(
@@ -88,7 +89,7 @@ def main() -> None:
             time.sleep(0.05)
         subprocess.run(
             [spy, "record", "--pid", str(proc.pid), "--duration", str(int(args.seconds)), "--rate", "250",
-             "--format", "raw", "--output", str(raw)],
+             "--format", "raw", "--output", str(raw), *(["--native"] if args.native else [])],
             check=True, capture_output=True,
         )  # fmt: skip
         load.wait(timeout=120)

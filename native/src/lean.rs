@@ -21,7 +21,11 @@ pub struct LeanSpan<'a> {
 }
 
 pub fn parse(data: &[u8]) -> Result<LeanSpan<'_>, WireError> {
-    let mut span = LeanSpan::default();
+    // most spans carry a dozen or two attributes: no regrowth for those
+    let mut span = LeanSpan {
+        attributes: Vec::with_capacity(16),
+        ..LeanSpan::default()
+    };
     let mut fields = Fields::new(data);
     while let Some((number, value)) = fields.next_field()? {
         match (number, value) {
