@@ -21,7 +21,7 @@ from stepwatch.config import load_config
 from stepwatch.evaluator.clock import ManualClock
 from stepwatch.receiver.wal import RecordRef, WalClosed, WalConfig, WalFull, WriteAheadLog
 from stepwatch.receiver.wal_format import WalEntry
-from stepwatch.segment_log import HEADER_SIZE
+from stepwatch.segment_log import HEADER_SIZE, REUSE_MAGIC, Frame, reuse_header, scan
 from stepwatch.service import Service
 
 SEGMENT = 64 * 1024
@@ -408,3 +408,122 @@ def test_frame_checksums_are_zlibs_crc32_with_or_without_the_native_core() -> No
     length, seq, crc = struct.unpack("<IQI", header[4:])
     assert (length, seq) == (4 + len(body), 7)
     assert crc == zlib.crc32(b"head" + body, zlib.crc32(struct.pack("<IQ", length, seq)))
+
+
+# -- reused segment files (reuse_segments) -----------------------------------------------------
+
+
+def _reused_files(directory: Path) -> list[Path]:
+    return [p for p in sorted(directory.glob("*.wal")) if p.read_bytes()[:4] == REUSE_MAGIC]
+
+
+async def _reuse_a_segment(directory: Path) -> tuple[list[bytes], list[bytes]]:
+    """Records that fill the first segment and part of the second, all released (the first file
+    becomes the spare), then smaller records that fill the second and go on in the spare, renamed
+    into place as the third, ending halfway through it: (released, live) payloads."""
+    wal = WriteAheadLog(_config(directory))
+    await wal.start()
+    released = [_payload(i) for i in range(20)]  # 20 x 5 KB: 64 KiB segments 0 and 1
+    for i, payload in enumerate(released):
+        ref = await wal.append(payload)
+        wal.track(ref, [f"done-{i}"])
+        wal.release(f"done-{i}")
+    await wal.flush()  # segment 0's file is retired (renamed, headed, synced) in the writer thread
+    live = [_payload(1000 + i, 1000) for i in range(60)]
+    for i, payload in enumerate(live):
+        ref = await wal.append(payload)
+        wal.track(ref, [f"live-{i}"])
+    await wal.stop()
+    return released, live
+
+
+def _earlier_lives(directory: Path) -> set[tuple[int, int]]:
+    """(segment, seq) of every whole, checksummed frame a reused file holds below its floor: what
+    is left of its earlier lives (read with the plain frame scan, which knows no floor)."""
+    found = set()
+    for path in _reused_files(directory):
+        data = path.read_bytes()
+        floor = struct.unpack_from("<Q", data, 4)[0]
+        frames = [item for item in scan(data[16:], base=16) if isinstance(item, Frame)]
+        found |= {(int(path.stem), frame.seq) for frame in frames if frame.seq < floor}
+    return found
+
+
+async def test_a_reused_segment_file_replays_only_the_records_of_its_new_life(tmp_path: Path) -> None:
+    released, live = await _reuse_a_segment(tmp_path)
+    earlier = _earlier_lives(tmp_path)
+    assert earlier, "a reused file must still hold whole frames of its earlier life"
+    registry = CollectorRegistry()
+
+    replayed = _replay_all(WriteAheadLog(_config(tmp_path), registry=registry))
+
+    assert not earlier & {(ref.segment, ref.seq) for ref, _ in replayed}
+    assert [p for _, p in replayed if p in live] == live
+    # released records still in a segment that live ones hold replay too (at-least-once)
+    assert all(p in live or p in released for _, p in replayed)
+    assert registry.get_sample_value("stepwatch_wal_corrupt_records_total") == 0
+
+
+async def test_a_torn_write_in_a_reused_file_never_replays_its_earlier_life(tmp_path: Path) -> None:
+    _, live = await _reuse_a_segment(tmp_path)
+    earlier = _earlier_lives(tmp_path)
+    reused = _reused_files(tmp_path)[-1]
+    data = bytearray(reused.read_bytes())
+    written = [p for p in live if p in data]  # the new life's records in this file, in order
+    data[data.find(written[-1]) + 100] ^= 0xFF  # its last record damaged, as by a torn write
+    reused.write_bytes(bytes(data))
+
+    replayed = _replay_all(WriteAheadLog(_config(tmp_path)))
+
+    assert earlier and not earlier & {(ref.segment, ref.seq) for ref, _ in replayed}
+    assert [p for _, p in replayed if p in live] == [p for p in live if p != written[-1]]
+
+
+async def test_spares_a_crash_left_are_removed_and_never_read(tmp_path: Path) -> None:
+    await _write(tmp_path, 20)
+    first = sorted(tmp_path.glob("*.wal"))[0]
+    first.rename(first.with_name(first.name + ".spare"))  # as a crash between retire's steps leaves it
+
+    replayed = _replay_all(WriteAheadLog(_config(tmp_path)))
+
+    assert not list(tmp_path.glob("*.spare"))
+    assert replayed and _payload(0) not in [payload for _, payload in replayed]
+
+
+async def test_new_sequence_numbers_start_above_the_floor_of_a_reused_file_with_no_new_frame(
+    tmp_path: Path,
+) -> None:
+    """A crash just after a spare was renamed into place leaves a reused file holding only its
+    earlier life: replay reads none of it, and the restarted log numbers its frames above the
+    file's floor, so once the file is retired again its old frames stay below the new floor."""
+    earlier = [_frame(seq, _payload(seq)) for seq in range(400, 410)]
+    (tmp_path / f"{7:020d}.wal").write_bytes(reuse_header(500) + b"".join(earlier))
+
+    wal = WriteAheadLog(_config(tmp_path))
+    assert _replay_all(wal) == []
+    await wal.start()
+    ref = await wal.append(_payload(1))
+    wal.track(ref, ["a"])
+    await wal.stop()
+
+    assert ref.seq >= 500
+    assert [payload for _, payload in _replay_all(WriteAheadLog(_config(tmp_path)))] == [_payload(1)]
+
+
+async def test_with_reuse_off_released_segments_are_deleted(tmp_path: Path) -> None:
+    await _reuse_a_segment_with(tmp_path, reuse_segments=0)
+    assert not _reused_files(tmp_path) and not list(tmp_path.glob("*.spare"))
+
+
+async def _reuse_a_segment_with(directory: Path, **overrides: object) -> None:
+    wal = WriteAheadLog(_config(directory, **overrides))
+    await wal.start()
+    for i in range(40):
+        ref = await wal.append(_payload(i))
+        wal.track(ref, [f"done-{i}"])
+        wal.release(f"done-{i}")
+    await wal.flush()
+    for i in range(30):
+        ref = await wal.append(_payload(1000 + i, 3000))
+        wal.track(ref, [f"live-{i}"])
+    await wal.stop()
