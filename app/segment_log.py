@@ -22,19 +22,6 @@ The CRC covers the length, the sequence number and the payload, so a torn write,
 a damaged length are all caught. The magic lets a reader resynchronise after a damaged frame in
 the middle of a segment: it scans forward for the next offset where a whole frame checks out.
 
-A segment file may be a reused one (`SegmentLog(spares=N)`, the WAL's `reuse_segments`): a
-released segment's file is kept instead of deleted, and a later segment overwrites it from the
-start, because writing into pages the OS already caches costs far less than into new ones (on the
-development VM, with free page reporting, a new page-cache page cost ~3.5 us). Such a file starts
-with a reuse header, synced before the file is renamed into place::
-
-    magic b"SWS1" | u64 floor | u32 CRC32 of the floor
-
-Every frame of its new life has a sequence number >= floor and every frame left from its earlier
-lives one below it, so the scan ends at the first frame under the floor: the stale rest is never
-read as records. Where a reused file's new frames end, what follows is the earlier life's bytes,
-so a torn last write there cannot be told from the clean end and is not reported as damage.
-
 Spool segments written before this module (releases up to d6a7d0a) use an older frame,
 `u32 length | u32 CRC32 of the payload` (big-endian) with no magic. A log opened with
 `old_spool_frames` (the spool) reads a segment in that frame when its first frame checks out in
@@ -43,7 +30,6 @@ it, so an upgrade keeps the events spooled before it; nothing writes that frame 
 
 from __future__ import annotations
 
-import collections
 import os
 import re
 import struct
@@ -64,11 +50,6 @@ HEADER_SIZE = _HEADER.size
 _CRC_FIELDS = struct.Struct("<IQ")
 MAX_PAYLOAD_BYTES = 256 * 1024 * 1024
 """Frames claiming more are treated as damage (a real record is bounded by its writer's limits)."""
-
-REUSE_MAGIC = b"SWS1"
-_REUSE_HEADER = struct.Struct("<4sQI")
-REUSE_HEADER_SIZE = _REUSE_HEADER.size
-_FLOOR = struct.Struct("<Q")
 
 _OLD_SPOOL_HEADER = struct.Struct(">II")
 _OLD_SPOOL_MAX_PAYLOAD = 64 * 1024 * 1024
@@ -116,21 +97,6 @@ class Damage:
     torn: bool
 
 
-def reuse_header(floor: int) -> bytes:
-    """The header of a reused segment file whose new frames all have sequence numbers >= `floor`."""
-    return _REUSE_HEADER.pack(REUSE_MAGIC, floor, zlib.crc32(_FLOOR.pack(floor)))
-
-
-def reuse_floor(head: bytes) -> int | None:
-    """The floor of a reused file's header at the start of `head`; None for any other file."""
-    if len(head) < REUSE_HEADER_SIZE:
-        return None
-    magic, floor, crc = _REUSE_HEADER.unpack_from(head, 0)
-    if magic != REUSE_MAGIC or zlib.crc32(_FLOOR.pack(floor)) != crc:
-        return None
-    return floor
-
-
 def _frame_at(data: bytes | memoryview, offset: int, base: int = 0) -> Frame | None:
     end = len(data)
     if offset + HEADER_SIZE > end:
@@ -173,17 +139,13 @@ def starts_with_old_spool_frame(file: BinaryIO) -> bool:
     return _old_spool_frame_at(head + file.read(length), 0, 0) is not None
 
 
-def scan(
-    data: bytes, *, base: int = 0, old_spool: bool = False, floor: int | None = None
-) -> Iterator[Frame | Damage]:
+def scan(data: bytes, *, base: int = 0, old_spool: bool = False) -> Iterator[Frame | Damage]:
     """Every valid frame of `data`, a segment's bytes from offset `base` on, in file order, with a
     Damage item for each unreadable stretch (offsets are the file's).
 
     After damage the scan resumes at the next offset where the magic starts a frame whose CRC
     checks out; if none follows, the damage is reported as a torn tail. In an old-format spool
-    segment (`old_spool`, no magic to resynchronise on) the first damage runs to the end. In a
-    reused file (`floor`, from its header) the scan ends at the first frame below the floor, or
-    at damage that no frame at or above it follows: the rest is the file's earlier life.
+    segment (`old_spool`, no magic to resynchronise on) the first damage runs to the end.
     """
     view = memoryview(data)
     frame_at = _old_spool_frame_at if old_spool else _frame_at
@@ -192,16 +154,10 @@ def scan(
     while offset < end:
         frame = frame_at(view, offset, base)
         if frame is not None:
-            if floor is not None and frame.seq < floor:
-                return
             yield frame
             offset = frame.end - base
             continue
         resume = None if old_spool else _resync(data, view, offset + 1)
-        if floor is not None:
-            resumed = _frame_at(view, resume) if resume is not None else None
-            if resumed is None or resumed.seq < floor:
-                return
         if resume is None:
             yield Damage(base + offset, end - offset, torn=True)
             return
@@ -310,7 +266,7 @@ class SegmentLog:
     Sizes are reserved when a frame is assigned to a segment (`reserve`), which may be before it
     is written (the WAL's group commit), so the bound holds for queued frames too. Not thread-safe:
     the owner calls it from one thread (its event loop); only syncs and closes of descriptors it
-    hands out (`close_fd`, `fsync_and_close`) and `retire` may run elsewhere (its writer thread).
+    hands out (`close_fd`, `fsync_and_close`) may run elsewhere.
     """
 
     def __init__(
@@ -324,10 +280,8 @@ class SegmentLog:
         sync: SyncSchedule,
         file_mode: int = 0o644,
         old_spool_frames: bool = False,
-        spares: int = 0,
     ) -> None:
-        """`old_spool_frames`: also read segments written in the spool's pre-SWL1 frame. `spares`:
-        how many released segment files `retire` keeps for later segments to overwrite."""
+        """`old_spool_frames`: also read segments written in the spool's pre-SWL1 frame."""
         self.directory = Path(directory)
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes
@@ -337,11 +291,6 @@ class SegmentLog:
         self._name = re.compile(rf"(\d{{{digits}}})\.{re.escape(suffix)}", re.ASCII)
         self._mode = file_mode
         self._old_spool_frames = old_spool_frames
-        self._spare_name = re.compile(rf"(\d{{{digits}}})\.{re.escape(suffix)}\.spare", re.ASCII)
-        self._max_spares = spares
-        self._spares: collections.deque[Path] = collections.deque()
-        """Retired files ready for reuse (their header synced); appended by `retire` in the owner's
-        writer thread, taken by `open_for_append` on its loop (deque ends are thread-safe)."""
         self.sizes: dict[int, int] = {}
         """Bytes of each live segment (written or reserved), by id."""
         self.bytes = 0
@@ -364,9 +313,6 @@ class SegmentLog:
         self.directory.mkdir(parents=True, exist_ok=True)
         found: list[int] = []
         for path in self.directory.iterdir():
-            if self._spare_name.fullmatch(path.name):
-                path.unlink()  # a released segment kept for reuse: nothing in it is to be read
-                continue
             match = self._name.fullmatch(path.name)
             if match is None:
                 continue
@@ -381,22 +327,13 @@ class SegmentLog:
             self.next_id = max(self.next_id, segment + 1)
         return sorted(found)
 
-    def floor(self, segment: int) -> int | None:
-        """The reuse header's floor of a segment's file, None when it is not a reused one."""
-        with open(self.path(segment), "rb") as file:
-            return reuse_floor(file.read(REUSE_HEADER_SIZE))
-
     def scan(self, segment: int, start: int = 0) -> Iterator[Frame | Damage]:
         """The frames of a segment from offset `start` (a frame's start)."""
         with open(self.path(segment), "rb") as file:
-            floor = reuse_floor(file.read(REUSE_HEADER_SIZE))
-            file.seek(0)
-            old_spool = floor is None and self._old_spool_frames and starts_with_old_spool_frame(file)
-            if floor is not None:
-                start = max(start, REUSE_HEADER_SIZE)
+            old_spool = self._old_spool_frames and starts_with_old_spool_frame(file)
             file.seek(start)
             data = file.read()
-        return scan(data, base=start, old_spool=old_spool, floor=floor)
+        return scan(data, base=start, old_spool=old_spool)
 
     # -- space ----------------------------------------------------------------------------------
 
@@ -427,41 +364,11 @@ class SegmentLog:
 
     # -- appending ------------------------------------------------------------------------------
 
-    def retire(self, path: Path, floor: int) -> None:
-        """A released segment's file (from `forget`): kept for reuse while fewer than `spares` are,
-        else unlinked. `floor`: a sequence number above every frame written so far. Renamed first
-        (a crash then leaves a spare, which `discover` removes), then given its reuse header and
-        synced, so a file renamed into place by `open_for_append` always has its header on disk.
-        Runs in the owner's writer thread."""
-        if len(self._spares) >= self._max_spares:
-            path.unlink(missing_ok=True)
-            return
-        spare = path.with_name(f"{path.name}.spare")
-        os.rename(path, spare)
-        fd = os.open(spare, os.O_WRONLY)
-        try:
-            os.pwrite(fd, reuse_header(floor), 0)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        self._spares.append(spare)
-
     def open_for_append(self, segment: int) -> int | None:
-        """Make `segment` the one appended to (a retired file renamed to it when one is ready, else
-        a new file); returns the descriptor of the segment appended to before, for the owner to
-        close (with `sync.on_close`). Either way the directory changed (`new_dir_entry`)."""
+        """Make `segment` the one appended to (creating its file); returns the descriptor of the
+        segment appended to before, for the owner to close (with `sync.on_close`)."""
         previous = self.fd
-        path = self.path(segment)
-        try:
-            spare: Path | None = self._spares.popleft()
-        except IndexError:
-            spare = None
-        if spare is not None:
-            os.rename(spare, path)
-            self.fd = os.open(path, os.O_WRONLY)
-            os.lseek(self.fd, REUSE_HEADER_SIZE, os.SEEK_SET)  # writes go on after the header
-        else:
-            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, self._mode)
+        self.fd = os.open(self.path(segment), os.O_WRONLY | os.O_CREAT | os.O_APPEND, self._mode)
         self.fd_segment = segment
         self.new_dir_entry = True
         return previous

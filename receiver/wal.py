@@ -74,15 +74,6 @@ class WalPolicy(BaseModel):
         description="Disk bound of all segments; at the bound appends raise WalFull and the receivers "
         "push back (429/RESOURCE_EXHAUSTED).",
     )
-    reuse_segments: int = Field(
-        default=1,
-        ge=0,
-        le=16,
-        description="Released segment files kept (at most this many) for later segments to overwrite "
-        "instead of deleting them and creating new ones: writing into pages the OS already caches is "
-        "cheaper (docs/durability.md). Their disk space is outside max_bytes: at most this many "
-        "segment_bytes more. 0: delete every released segment.",
-    )
 
     @model_validator(mode="after")
     def _bound_holds_two_segments(self) -> WalPolicy:
@@ -174,7 +165,6 @@ class WriteAheadLog:
             max_bytes=config.max_bytes,
             segment_bytes=config.segment_bytes,
             sync=SyncSchedule(config.fsync, config.fsync_interval_ms / 1000),
-            spares=config.reuse_segments,
         )
         self._segments: dict[int, _Segment] = {}
         self._keys: dict[Hashable, set[int]] = {}
@@ -224,9 +214,6 @@ class WriteAheadLog:
             if segment.replayed:
                 continue
             name = self._store.path(segment_id).name
-            # new sequence numbers start above a reused file's floor too: its stale frames are
-            # below the floor, and must stay below that of any file retired from now on
-            self._next_seq = max(self._next_seq, self._store.floor(segment_id) or 0)
             for item in self._store.scan(segment_id):
                 if isinstance(item, Damage):
                     self.metrics.corrupt.inc()
@@ -417,13 +404,12 @@ class WriteAheadLog:
         del self._segments[segment.id]
         path = self._store.forget(segment.id)
         self._publish()
-        floor = self._next_seq  # above every frame in the file, so its reuse never reads them
         if self._executor is None:
-            self._store.retire(path, floor)
+            self._unlink(path)
             if self.on_delete is not None:
                 self.on_delete(segment.id)
             return
-        unlinked = self._executor.submit(self._store.retire, path, floor)
+        unlinked = self._executor.submit(self._unlink, path)
         if self.on_delete is not None:  # only once the file is gone: a crash before must still find it
             loop = asyncio.get_running_loop()
             callback, segment_id = self.on_delete, segment.id
@@ -501,6 +487,9 @@ class WriteAheadLog:
         if parts:
             store.write(parts)
         return closed
+
+    def _unlink(self, path: Path) -> None:
+        path.unlink(missing_ok=True)
 
 
 def _resolve(waiters: list[asyncio.Future[None]], error: BaseException | None) -> None:
