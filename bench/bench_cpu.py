@@ -25,15 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench_e2e import DEFAULT_LOADGEN, ROOTLESS_AS_IDLE, STEPWATCH, Bench, free_port, metric_sum, pinned
+from bench_e2e import DEFAULT_LOADGEN, ROOTLESS_AS_IDLE, STEPWATCH, Bench, metric_sum
 
 SPANS_PER_REQUEST = 512
 WARMUP_S = 4.0
@@ -91,24 +88,11 @@ class PacedSender:
 
 
 def measure_sink(bench: Bench, sender: PacedSender, mode: str) -> dict[str, object]:
-    port = free_port()
-    argv = [
-        sys.executable,
-        str(bench.loadgen_dir / "sink_server.py"),
-        "--mode",
-        mode,
-        "--listen",
-        f"127.0.0.1:{port}",
-    ]
-    server = subprocess.Popen(
-        pinned(bench.args.server_core, argv), stdout=subprocess.PIPE, text=True, start_new_session=True
-    )
+    server, port = bench.start_sink(mode)
     try:
-        time.sleep(1.0)
         result = sender.run(f"127.0.0.1:{port}", server.pid)
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.communicate(timeout=30)
+        bench.stop_sink(server)
     return {"bench": f"sink_{mode}", **result}
 
 
@@ -146,8 +130,10 @@ def main() -> None:
         "fsync_never:STEPWATCH_DURABILITY__FSYNC=never (repeatable)",
     )
     args = parser.parse_args()
-    args.concurrency, args.duration = 1, args.seconds  # what Bench reads
-    if args.client_core is not None and hasattr(os, "sched_setaffinity"):
+    if args.rate <= 0 or args.seconds <= 0 or args.rounds < 1:
+        parser.error("--rate and --seconds must be positive and --rounds at least 1")
+    args.concurrency, args.duration = 1, args.seconds  # Bench's loadgen settings (only --no-send runs here)
+    if hasattr(os, "sched_setaffinity"):  # the sender runs in this process: on the client core
         os.sched_setaffinity(0, {args.client_core})
     bench = Bench(args)
     bench.write_expectations()

@@ -135,7 +135,9 @@ class Bench:
             lines.append(f"    expected_steps: {json.dumps(steps)}")
         self.expectations.write_text("\n".join(lines) + "\n")
 
-    def sink(self, mode: str) -> dict[str, object]:
+    def start_sink(self, mode: str) -> tuple[subprocess.Popen[str], int]:
+        """The loadgen's sink_server.py in `mode`, pinned to the server core, once it listens:
+        (process, port)."""
         port = free_port()
         argv = [
             sys.executable,
@@ -148,12 +150,22 @@ class Bench:
         server = subprocess.Popen(
             pinned(self.args.server_core, argv), stdout=subprocess.PIPE, text=True, start_new_session=True
         )
+        time.sleep(1.0)
+        return server, port
+
+    @staticmethod
+    def stop_sink(server: subprocess.Popen[str]) -> str:
+        """Stop a sink; returns what it printed (its report is the last line)."""
+        os.killpg(server.pid, signal.SIGTERM)
+        out, _ = server.communicate(timeout=30)
+        return out
+
+    def sink(self, mode: str) -> dict[str, object]:
+        server, port = self.start_sink(mode)
         try:
-            time.sleep(1.0)
             client = self.loadgen(f"127.0.0.1:{port}", ["--duration", str(self.args.duration)])
         finally:
-            os.killpg(server.pid, signal.SIGTERM)
-            out, _ = server.communicate(timeout=30)
+            out = self.stop_sink(server)
         report = json.loads(out.splitlines()[-1])
         return {
             "bench": f"sink_{mode}",
