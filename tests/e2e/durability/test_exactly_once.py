@@ -2,8 +2,10 @@
 revision of every partition equals a clean run's, and no (partition, metric, revision) ever carries
 two different scores, in the events recorded nor on the Kafka topic.
 
-Traffic: the load generator (same seed both runs) over OTLP/gRPC, retrying what a dead server did
-not answer (so requests acknowledged just before a kill arrive again: duplicates). 1 MiB segments
+Traffic: the clean run sends the load generator's traces and dumps its requests; the crashed run
+sends the same requests again over OTLP/gRPC, paced so that they outlast both kills on any machine
+that keeps up (unpaced, a fast server scored them all before the second kill), each retried until
+acknowledged (so requests a dead server logged but did not answer arrive again: duplicates). 1 MiB segments
 make traces straddle segments, so a segment can be deleted while a scored trace's tail survives
 in the next one (what replayed a fragment as revision 0 before the decision log). The Kafka
 score stream goes through a TCP proxy that is stopped for part of the run (tansu restarted on
@@ -20,6 +22,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -38,6 +41,8 @@ pytestmark = pytest.mark.slow
 
 TRACES = 6000
 SEED = "7"
+REPLAY_RATE = 18.0  # requests/s: the 362 requests last ~20 s
+LIFE_REQUESTS = 60  # acknowledged in each life before its kill (~15,000 spans): both kills by ~10 s
 Key = tuple[str, str, str]  # partition_type, partition_id, metric
 
 
@@ -166,13 +171,78 @@ class SideTraffic:
         return {(bytes([0xEE]) + i.to_bytes(15, "big")).hex() for i in range(self.traces)}
 
 
+class PacedReplay:
+    """The clean run's requests sent again in order at `rate` requests a second over `concurrency`
+    in flight, each retried until acknowledged while the server is down (killed, restarting)."""
+
+    RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                 grpc.StatusCode.DEADLINE_EXCEEDED)  # fmt: skip
+
+    def __init__(self, port: int, dump: Path, rate: float, concurrency: int = 2) -> None:
+        self.port, self.rate = port, rate
+        self.payloads = [path.read_bytes() for path in sorted(dump.glob("batch-*.pb"))]
+        assert self.payloads, f"no requests dumped in {dump}"
+        self._next, self._lock = 0, threading.Lock()
+        self.acknowledged, self.retries = 0, 0
+        self.errors: list[BaseException] = []
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(concurrency)]
+
+    def _take(self) -> int | None:
+        with self._lock:
+            if self._next == len(self.payloads):
+                return None
+            self._next += 1
+            return self._next - 1
+
+    def _send(self, export: Callable[..., bytes], payload: bytes) -> None:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                export(payload, timeout=10)
+                return
+            except grpc.RpcError as exc:
+                if exc.code() not in self.RETRYABLE or time.monotonic() > deadline:  # type: ignore[attr-defined]
+                    raise
+                with self._lock:
+                    self.retries += 1
+                time.sleep(0.1)
+
+    def _run(self) -> None:
+        try:
+            with grpc.insecure_channel(f"127.0.0.1:{self.port}") as channel:
+                export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
+                while (i := self._take()) is not None:
+                    time.sleep(max(0.0, self._started + i / self.rate - time.monotonic()))
+                    self._send(export, self.payloads[i])
+                    with self._lock:
+                        self.acknowledged += 1
+        except BaseException as exc:  # reported by join()
+            self.errors.append(exc)
+
+    def start(self) -> None:
+        self._started = time.monotonic()
+        for thread in self._threads:
+            thread.start()
+
+    def mid_stream(self) -> bool:
+        with self._lock:
+            return 0 < self.acknowledged < len(self.payloads) and not self.errors
+
+    def join(self) -> None:
+        for thread in self._threads:
+            thread.join(timeout=300)
+            assert not thread.is_alive(), "the replayed requests were not all acknowledged"
+        assert not self.errors, self.errors
+        assert self.acknowledged == len(self.payloads)
+
+
 def _segment_ids(data_dir: Path) -> list[int]:
     """The WAL's live segment ids (a gap: a segment was deleted while later ones live on)."""
     ids = sorted(int(p.stem) for p in (data_dir / "wal").glob("*.wal"))
     return ids or [0]
 
 
-def _clean_run(tmp_path: Path, expectations: Path) -> dict[Key, object]:
+def _clean_run(tmp_path: Path, expectations: Path, dump: Path) -> dict[Key, object]:
     events = tmp_path / "clean-events.txt"
     grpc, metrics = free_port(), free_port()
     server = Server(
@@ -181,7 +251,6 @@ def _clean_run(tmp_path: Path, expectations: Path) -> dict[Key, object]:
     )  # fmt: skip
     server.start()
     try:
-        dump = tmp_path / "batches"
         side = SideTraffic(grpc)
         side.start()
         _finish(_loadgen(f"127.0.0.1:{grpc}", "--dump", str(dump)))
@@ -230,7 +299,8 @@ async def _topic_events(bootstrap: str, distinct: int, timeout: float = 90.0) ->
 
 def test_two_sigkills_small_segments_and_a_kafka_outage_change_no_score(tmp_path: Path) -> None:
     expectations = _expectations(tmp_path)
-    clean = _clean_run(tmp_path, expectations)
+    dump = tmp_path / "batches"
+    clean = _clean_run(tmp_path, expectations, dump)
     assert len(clean) > TRACES * 3, "the expectation-free scorers for every trace, step_accuracy for most"
 
     broker_port = free_port()
@@ -250,33 +320,35 @@ def test_two_sigkills_small_segments_and_a_kafka_outage_change_no_score(tmp_path
                "--kafka-bootstrap", proxy.address, "--kafka-topic", "scores", "--log-level", "INFO"),
         env=env,
     )  # fmt: skip
-    loadgen: subprocess.Popen[str] | None = None
+    replay = PacedReplay(grpc, dump, rate=REPLAY_RATE)
     broker.start()
     proxy.start()
     try:
         server.start()
-        loadgen = _loadgen(f"127.0.0.1:{grpc}")
+        replay.start()
         side = SideTraffic(grpc)
         side.start()
         for crash, proxy_down in ((1, False), (2, True)):
-            before = len(scored_traces(events))
+            before, acknowledged = len(scored_traces(events)), replay.acknowledged
             _wait(  # mid-stream, with scored traces' segments already deleted beside pinned ones
-                lambda before=before: (
+                lambda before=before, acknowledged=acknowledged: (
                     len(scored_traces(events)) >= before + 20
+                    and replay.acknowledged >= acknowledged + LIFE_REQUESTS
                     and _segment_ids(data_dir)[-1] - _segment_ids(data_dir)[0] + 1
                     > len(_segment_ids(data_dir))
                 ),
                 180,
                 f"scores and deleted segments before kill {crash}",
             )
-            assert loadgen.poll() is None, "the load generator finished before the crash"
+            assert replay.mid_stream(), f"kill {crash} not mid-stream: {replay.acknowledged} acknowledged"
             server.kill()
             if proxy_down:
                 proxy.stop()  # the broker is unreachable while the second life starts and runs
             server.start()
         time.sleep(3)
         proxy.start()
-        _finish(loadgen)
+        replay.join()
+        assert replay.retries > 0, "some requests met a dead server and were sent again"
         side.join()
         _wait(lambda: len(scored_traces(events)) >= TRACES + side.traces, 180, "every trace scored")
         samples = scrape(metrics)
@@ -315,9 +387,6 @@ def test_two_sigkills_small_segments_and_a_kafka_outage_change_no_score(tmp_path
         )
         assert len({e.event_id for e in kafka}) == len(identities), "the topic holds every scored identity"
     finally:
-        if loadgen is not None and loadgen.poll() is None:
-            loadgen.kill()
-            loadgen.wait(timeout=10)
         server.stop()
         proxy.stop()
         broker.stop()
