@@ -6,7 +6,8 @@ server for --seconds while the loadgen sends, and the samples are grouped by the
 innermost Stepwatch frame belongs to (ingest, close-time decode, evaluator, WAL, export, ...).
 Run once with STEPWATCH_NATIVE=0 for the pure-Python "before". Needs py-spy in the venv.
 
-Usage: python bench/profile_serve.py [--seconds 10] [--top 25] [--raw out.txt]
+Usage: python bench/profile_serve.py [--seconds 10] [--top 25] [--native] [--raw out.txt]
+       python bench/profile_serve.py --summarize out.txt
 """
 
 from __future__ import annotations
@@ -52,6 +53,19 @@ IDLE_LEAVES = (
 """Leaves of a thread waiting (a worker's queue get, gRPC's C poller, the event loop's epoll): py-spy
 cannot always tell these are idle, so they are left out of the shares."""
 
+NATIVE_WAITS = (
+    "epoll_wait (",
+    "pthread_cond_timedwait (",
+    "PyThread_acquire_lock_timed (",
+    "sem_clockwait (",
+)
+"""With --native a waiting thread's leaf is an unnamed libc address: a stack through one of these
+waits (for work, for the GIL, for the event loop's epoll) is idle."""
+
+
+def idle(stack: list[str]) -> bool:
+    return stack[-1].endswith(IDLE_LEAVES) or any(frame.startswith(NATIVE_WAITS) for frame in stack)
+
 
 def stage_of(stack: list[str]) -> str:
     for frame in reversed(stack):  # innermost first
@@ -61,16 +75,7 @@ def stage_of(stack: list[str]) -> str:
     return "other"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--loadgen", default=str(DEFAULT_LOADGEN))
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--top", type=int, default=25)
-    parser.add_argument("--raw", help="also keep py-spy's raw (collapsed) samples here")
-    parser.add_argument("--server-core", type=int, default=1)
-    parser.add_argument("--client-core", type=int, default=0)
-    parser.add_argument("--native", action="store_true", help="also sample C/Rust frames (py-spy --native)")
-    args = parser.parse_args()
+def record(args: argparse.Namespace, raw: Path) -> None:
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     bench_args = argparse.Namespace(
         loadgen=args.loadgen, duration=args.seconds + 6, concurrency=4, seed=0,
@@ -78,7 +83,6 @@ def main() -> None:
     )  # fmt: skip
     bench = Bench(bench_args)
     bench.write_expectations()
-    raw = Path(args.raw) if args.raw else Path(tempfile.mkdtemp()) / "raw.txt"
     proc, grpc_port, metrics_port = bench.start_serve(ROOTLESS_AS_IDLE)
     try:
         argv = [sys.executable, str(bench.loadgen_dir / "otlp_loadgen.py"), "--target", f"127.0.0.1:{grpc_port}",
@@ -95,6 +99,10 @@ def main() -> None:
         load.wait(timeout=120)
     finally:
         bench.stop_serve(proc)
+        shutil.rmtree(bench.tmp, ignore_errors=True)
+
+
+def summarize(raw: Path, top: int) -> None:
     stages: collections.Counter[str] = collections.Counter()
     selfs: collections.Counter[str] = collections.Counter()
     total = 0
@@ -102,16 +110,34 @@ def main() -> None:
         stack_text, _, count = line.rpartition(" ")
         stack = stack_text.split(";")
         n = int(count)
-        if stack[-1].endswith(IDLE_LEAVES):
+        if idle(stack):
             continue
         total += n
         stages[stage_of(stack)] += n
         selfs[stack[-1]] += n
     print(json.dumps({"profile": "serve", "native": os.environ.get("STEPWATCH_NATIVE", "auto"), "samples": total,
                       "stages_pct": {k: round(100 * v / total, 1) for k, v in stages.most_common()}}))  # fmt: skip
-    for frame, n in selfs.most_common(args.top):
+    for frame, n in selfs.most_common(top):
         print(f"{100 * n / total:5.1f}%  {frame}")
-    shutil.rmtree(bench.tmp, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--loadgen", default=str(DEFAULT_LOADGEN))
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--raw", help="also keep py-spy's raw (collapsed) samples here")
+    parser.add_argument("--summarize", metavar="RAW", help="only summarize samples an earlier --raw kept")
+    parser.add_argument("--server-core", type=int, default=1)
+    parser.add_argument("--client-core", type=int, default=0)
+    parser.add_argument("--native", action="store_true", help="also sample C/Rust frames (py-spy --native)")
+    args = parser.parse_args()
+    if args.summarize:
+        raw = Path(args.summarize)
+    else:
+        raw = Path(args.raw) if args.raw else Path(tempfile.mkdtemp()) / "raw.txt"
+        record(args, raw)
+    summarize(raw, args.top)
 
 
 if __name__ == "__main__":
