@@ -184,6 +184,7 @@ class EvaluationEngine:
         keys = settings.task_key_attributes
         self._scoring_attributes = {io: scoring_attributes(keys, step_io=io) for io in (True, False)}
         self._selections: dict[int, tuple[ExpectationsStore, AttributeSelection | None]] = {}
+        self._scorer_lists: dict[int, tuple[Expectation | None, tuple[Scorer, ...]]] = {}
         self._judging: dict[str, asyncio.Task[None]] = {}  # partition id -> revision awaiting async scorers
         # one worker: score inline (see _score_inline); the local judge still runs in the thread
         self._inline = settings.workers == 1
@@ -393,7 +394,7 @@ class EvaluationEngine:
         pairs = [
             (scorer, expectation)
             for expectation in [None, *(store.get(key) for key in store.task_keys)]
-            for scorer in self.scorers.scorers_for(expectation)
+            for scorer in self._scorers_for(expectation)
         ]
         selection = None
         if not any(reads_span_attributes(scorer) for scorer, _ in pairs):
@@ -403,6 +404,19 @@ class EvaluationEngine:
             self._selections.clear()
         self._selections[id(store)] = (store, selection)
         return selection
+
+    def _scorers_for(self, expectation: Expectation | None) -> tuple[Scorer, ...]:
+        """The registry's scorers for an expectation, made once per expectation object rather than
+        per partition: a scorer keeps no per-partition state (its input comes with each call), and
+        an expectation is immutable; a reload makes new ones. Cached by identity."""
+        cached = self._scorer_lists.get(id(expectation))
+        if cached is not None and cached[0] is expectation:
+            return cached[1]
+        scorers = tuple(self.scorers.scorers_for(expectation))
+        if len(self._scorer_lists) > 4096:  # expectations replaced by reloads
+            self._scorer_lists.clear()
+        self._scorer_lists[id(expectation)] = (expectation, scorers)
+        return scorers
 
     def _score(
         self,
@@ -416,7 +430,7 @@ class EvaluationEngine:
         done = evaluate(
             partition,
             expectation,
-            self.scorers.scorers_for(expectation),
+            self._scorers_for(expectation),
             self._guard,
             self._observe,
             observed,

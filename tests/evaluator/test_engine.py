@@ -170,6 +170,30 @@ async def test_a_partition_that_fails_to_decode_is_counted_not_raised() -> None:
     assert (rig.accounting.scoring_errors, rig.buffer.buffered_spans) == (3, 0)
 
 
+async def test_scorers_are_made_once_per_expectation_and_again_after_a_reload() -> None:
+    rig = _Rig(tasks="tasks:\n  agent.run: {expected_steps: [a]}\n")
+    made: list[object] = []
+
+    def factory(expectation: object) -> _SpanCount:
+        made.append(expectation)
+        return _SpanCount()
+
+    rig.engine.scorers = ScorerRegistry({"span_count": ScorerEntry(factory)})
+    for _ in range(3):
+        rig.send(os.urandom(16), 2)
+    rig.close()
+    await rig.engine.wait_idle()
+    assert len(rig.events) == 3 and all(e.results[0].score == 2.0 for e in rig.events)
+    expectation = made[-1]
+    assert made == [None, expectation] and expectation is not None  # one list each, for three partitions
+    reloaded = parse_expectations("tasks:\n  agent.run: {expected_steps: [b]}\n", "tasks.yaml")
+    rig.engine._expectations = lambda tenant: reloaded  # type: ignore[assignment]  # a reload swaps the store
+    rig.send(os.urandom(16), 2)
+    rig.close()
+    await rig.engine.wait_idle()
+    assert made == [None, expectation, reloaded.get("agent.run")]  # the new expectation's own scorers
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 async def test_inline_and_worker_threads_give_the_same_events(workers: int) -> None:
     rig = _Rig()
