@@ -184,7 +184,7 @@ class EvaluationEngine:
         keys = settings.task_key_attributes
         self._scoring_attributes = {io: scoring_attributes(keys, step_io=io) for io in (True, False)}
         self._selections: dict[int, tuple[ExpectationsStore, AttributeSelection | None]] = {}
-        self._scorer_lists: dict[int, tuple[Expectation | None, tuple[Scorer, ...]]] = {}
+        self._scorer_lists: dict[int, tuple[Expectation | None, ScorerRegistry, tuple[Scorer, ...]]] = {}
         self._judging: dict[str, asyncio.Task[None]] = {}  # partition id -> revision awaiting async scorers
         # one worker: score inline (see _score_inline); the local judge still runs in the thread
         self._inline = settings.workers == 1
@@ -408,14 +408,16 @@ class EvaluationEngine:
     def _scorers_for(self, expectation: Expectation | None) -> tuple[Scorer, ...]:
         """The registry's scorers for an expectation, made once per expectation object rather than
         per partition: a scorer keeps no per-partition state (its input comes with each call), and
-        an expectation is immutable; a reload makes new ones. Cached by identity."""
+        an expectation is immutable; a reload makes new ones. Cached by identity, of the registry too
+        (`scorers` may be replaced)."""
+        registry = self.scorers
         cached = self._scorer_lists.get(id(expectation))
-        if cached is not None and cached[0] is expectation:
-            return cached[1]
-        scorers = tuple(self.scorers.scorers_for(expectation))
+        if cached is not None and cached[0] is expectation and cached[1] is registry:
+            return cached[2]
+        scorers = tuple(registry.scorers_for(expectation))
         if len(self._scorer_lists) > 4096:  # expectations replaced by reloads
             self._scorer_lists.clear()
-        self._scorer_lists[id(expectation)] = (expectation, scorers)
+        self._scorer_lists[id(expectation)] = (expectation, registry, scorers)
         return scorers
 
     def _score(

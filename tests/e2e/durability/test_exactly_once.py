@@ -112,6 +112,29 @@ def _balanced(samples: dict) -> tuple[float, float]:  # type: ignore[type-arg]
     return taken_in, settled
 
 
+RETRYABLE = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+)
+
+
+def _send_until_acknowledged(
+    export: Callable[..., bytes], payload: bytes, retried: Callable[[], None] = lambda: None
+) -> None:
+    """Send until the server acknowledges: it may be down (killed, restarting) for a while."""
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            export(payload, timeout=10)
+            return
+        except grpc.RpcError as exc:
+            if exc.code() not in RETRYABLE or time.monotonic() > deadline:  # type: ignore[attr-defined]
+                raise
+            retried()
+            time.sleep(0.1)
+
+
 class SideTraffic:
     """Long-open traces beside the loadgen's: one rootless span every `interval`, its root only at
     the end. Each pins the WAL segment its span landed in, so some segments outlive the loadgen
@@ -136,25 +159,15 @@ class SideTraffic:
         span.end_time_unix_nano = span.start_time_unix_nano + (5000 if root else 10)
         return request.SerializeToString()
 
-    def _send(self, export, payload: bytes) -> None:  # type: ignore[no-untyped-def]
-        deadline = time.monotonic() + 120
-        while True:  # until acknowledged: the server may be down (killed) for a while
-            try:
-                export(payload, timeout=5)
-                return
-            except grpc.RpcError:
-                assert time.monotonic() < deadline, "side traffic never acknowledged"
-                time.sleep(0.2)
-
     def _run(self) -> None:
         try:
             with grpc.insecure_channel(f"127.0.0.1:{self.port}") as channel:
                 export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
                 for i in range(self.traces):
-                    self._send(export, self._span(i, root=False))
+                    _send_until_acknowledged(export, self._span(i, root=False))
                     time.sleep(self.interval)
                 for i in range(self.traces):
-                    self._send(export, self._span(i, root=True))
+                    _send_until_acknowledged(export, self._span(i, root=True))
         except BaseException as exc:  # reported by join()
             self.error = exc
 
@@ -175,9 +188,6 @@ class PacedReplay:
     """The clean run's requests sent again in order at `rate` requests a second over `concurrency`
     in flight, each retried until acknowledged while the server is down (killed, restarting)."""
 
-    RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                 grpc.StatusCode.DEADLINE_EXCEEDED)  # fmt: skip
-
     def __init__(self, port: int, dump: Path, rate: float, concurrency: int = 2) -> None:
         self.port, self.rate = port, rate
         self.payloads = [path.read_bytes() for path in sorted(dump.glob("batch-*.pb"))]
@@ -194,18 +204,9 @@ class PacedReplay:
             self._next += 1
             return self._next - 1
 
-    def _send(self, export: Callable[..., bytes], payload: bytes) -> None:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                export(payload, timeout=10)
-                return
-            except grpc.RpcError as exc:
-                if exc.code() not in self.RETRYABLE or time.monotonic() > deadline:  # type: ignore[attr-defined]
-                    raise
-                with self._lock:
-                    self.retries += 1
-                time.sleep(0.1)
+    def _retried(self) -> None:
+        with self._lock:
+            self.retries += 1
 
     def _run(self) -> None:
         try:
@@ -213,7 +214,7 @@ class PacedReplay:
                 export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
                 while (i := self._take()) is not None:
                     time.sleep(max(0.0, self._started + i / self.rate - time.monotonic()))
-                    self._send(export, self.payloads[i])
+                    _send_until_acknowledged(export, self.payloads[i], self._retried)
                     with self._lock:
                         self.acknowledged += 1
         except BaseException as exc:  # reported by join()
