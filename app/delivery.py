@@ -4,8 +4,9 @@ The write-ahead log (and the Kafka ingest watermark) may only forget a partition
 event is out of the process's memory: exported, or written to an exporter's own spool. Each
 exporter is wrapped so that, when its `export()` returns or fails for a batch, the event's
 countdown drops; an exporter that declares `deferred_delivery` (the Kafka stream) reports later instead, when
-the event was acknowledged by the broker or written to its spool. At zero `on_delivered(event)`
-runs (on the event loop). Events an exporter's queue refused never reach zero: the log's hold
+the event was acknowledged by the broker or written to its spool. At zero the event is delivered:
+`on_delivered(events)` runs (on the event loop) once per handled batch with the events it completed,
+so their decisions share one log record. Events an exporter's queue refused never reach zero: the log's hold
 expiry is the backstop for those.
 """
 
@@ -21,13 +22,14 @@ from stepwatch.exporters.base import DeferredExporter, ScoreExporter, capabiliti
 class DeliveryTracker:
     """Counts, per event, the exporters that still have to handle it."""
 
-    def __init__(self, exporters: int, on_delivered: Callable[[PartitionScores], None]) -> None:
+    def __init__(self, exporters: int, on_delivered: Callable[[list[PartitionScores]], None]) -> None:
         self._exporters = exporters
         self._on_delivered = on_delivered
         self._remaining: dict[int, int] = {}
 
     def handled(self, events: Sequence[PartitionScores]) -> None:
         remaining = self._remaining
+        delivered: list[PartitionScores] = []
         for event in events:
             key = id(event)
             left = remaining.get(key, self._exporters) - 1
@@ -35,7 +37,9 @@ class DeliveryTracker:
                 remaining[key] = left
             else:
                 remaining.pop(key, None)
-                self._on_delivered(event)
+                delivered.append(event)
+        if delivered:
+            self._on_delivered(delivered)
 
     def wrap(self, exporter: ScoreExporter) -> ScoreExporter:
         return _Tracked(exporter, self)

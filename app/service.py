@@ -429,6 +429,7 @@ class Service:
             except Exception:
                 log.exception("judge: closing its HTTP session failed")
         if self.decisions is not None:
+            self.logs.decide_delivered()
             await self.decisions.log.stop()  # writes every queued decision, then their holds go
             await asyncio.sleep(0)
         if self.wal is not None:

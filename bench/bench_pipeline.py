@@ -98,7 +98,7 @@ def one_round(
 
     timed("export", lambda: asyncio.run(export()))
     if profiler is not None:
-        pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
+        pstats.Stats(profiler).sort_stats(__import__("os").environ.get("SORT", "cumulative")).print_stats(40)
     return seconds, service.accounting.scored, len(events)
 
 

@@ -34,7 +34,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .accounting import SpanAccounting
-from .ledger import DecisionLedger, LedgerLimits
+from .ledger import SPAN_ID_BYTES, DecisionLedger, LedgerLimits
 from .model import PartitionType
 
 SpanRecord = tuple[bytes, bytes, int, bytes, object]
@@ -151,6 +151,9 @@ class ClosedPartition:
     session_id: str | None = None
     needs_routing: bool = False
     handle: object = field(default=None, repr=False, compare=False)
+    span_ids: bytes | None = field(default=None, repr=False, compare=False)
+    """A trace's span ids as the ledger packed them when it closed (pack_span_ids), when they are
+    exactly these records' ids: its decision record reuses them instead of sorting them again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,7 +430,7 @@ class PartitionBuffer:
         part.trace_ids.append(trace.trace_id)
         part.limited = reason == "limit"
         self._closed_traces[trace.trace_id] = part
-        self.ledger.closed(trace.trace_id, trace.span_ids, part.key)
+        packed = self.ledger.closed(trace.trace_id, trace.span_ids, part.key).ids
         return ClosedPartition(
             partition_type="trace",
             partition_id=part.key,
@@ -438,6 +441,7 @@ class PartitionBuffer:
             new_spans=len(trace.records),
             needs_routing=True,
             handle=part,
+            span_ids=packed if len(packed) == SPAN_ID_BYTES * len(trace.records) else None,
         )
 
     def _close_session(self, session: _Part, reason: str, now: float) -> ClosedPartition:

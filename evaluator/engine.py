@@ -461,7 +461,7 @@ class EvaluationEngine:
             scored_at_unix_nano=time.time_ns(),
             last_span_monotonic=closed.last_arrival,
             scored_spans=(
-                scored_spans(closed.records, closed.partition_type == "trace")
+                scored_spans(closed.records, closed.partition_type == "trace", closed.span_ids)
                 if settings.records_decisions
                 else {}
             ),
@@ -473,10 +473,13 @@ class EvaluationEngine:
         return _Scored(event, done.inp if done.pending else None, done.pending)
 
 
-def scored_spans(records: Sequence[SpanRecord], one_trace: bool) -> Mapping[bytes, bytes]:
-    """Each trace's span ids in a scored snapshot: what its decision record says was scored."""
+def scored_spans(
+    records: Sequence[SpanRecord], one_trace: bool, packed: bytes | None = None
+) -> Mapping[bytes, bytes]:
+    """Each trace's span ids in a scored snapshot: what its decision record says was scored.
+    `packed`: a one-trace snapshot's ids already packed (ClosedPartition.span_ids)."""
     if one_trace and records:
-        return {records[0][0]: pack_span_ids([rec[1] for rec in records])}
+        return {records[0][0]: packed if packed is not None else pack_span_ids([rec[1] for rec in records])}
     by_trace: dict[bytes, list[bytes]] = {}
     for rec in records:
         ids = by_trace.get(rec[0])

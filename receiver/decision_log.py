@@ -13,6 +13,11 @@ as the WAL, ~8 bytes a span) rather than in the WAL itself: a decision must outl
 covers, and pinning a data segment for it would pin every later segment in a chain. A decision is
 kept until both its retention has passed (so retries after a restart are still duplicates) and no
 live WAL segment holds records of its traces (so no replay can meet them without it).
+
+One record holds the decisions of every partition delivered together (an export batch: ~50 of
+them under load), so the log's per-record work (frame, checksum, future, hold) is paid once per
+batch, not once per partition. Records of one decision (`SWD1`, written by earlier releases) are
+still read.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import asyncio
 import struct
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
@@ -31,6 +36,9 @@ from .wal_format import UnreadableEntry
 
 _MAGIC = b"SWD1"
 _HEAD = struct.Struct("<4sBIH")  # magic | partition type | revision | partition key length
+_BATCH_MAGIC = b"SWD2"
+_BATCH = struct.Struct("<4sI")  # magic | decision count; then each decision's length (u32) and body
+_LENGTH = struct.Struct("<I")
 _TRACE = struct.Struct("<HI")  # trace key length | span id bytes
 _TYPES = ("trace", "session")
 
@@ -50,6 +58,7 @@ class Decision:
     """Buffer key of each trace -> its scored span ids, sorted and concatenated (8 bytes each)."""
 
     def to_bytes(self) -> bytes:
+        """One decision as its own record (`SWD1`): the layout inside a batch record too."""
         key = self.partition_id.encode()
         parts = [_HEAD.pack(_MAGIC, _TYPES.index(self.partition_type), self.revision, len(key)), key]
         for trace_key, ids in self.spans.items():
@@ -81,6 +90,38 @@ class Decision:
         return cls(_TYPES[kind], partition_id, revision, spans)
 
 
+def encode_decisions(decisions: Sequence[Decision]) -> bytes:
+    """One record's payload for these decisions (joined: a few KB, and one part keeps a batch of
+    records within writev's vector limit)."""
+    parts = [_BATCH.pack(_BATCH_MAGIC, len(decisions))]
+    for decision in decisions:
+        body = decision.to_bytes()
+        parts += (_LENGTH.pack(len(body)), body)
+    return b"".join(parts)
+
+
+def decode_decisions(payload: bytes) -> list[Decision]:
+    """The decisions of one record: a batch (`SWD2`) or, from an earlier release, one (`SWD1`)."""
+    if payload[:4] != _BATCH_MAGIC:
+        return [Decision.from_bytes(payload)]
+    try:
+        _, count = _BATCH.unpack_from(payload)
+        offset = _BATCH.size
+        out = []
+        for _ in range(count):
+            (length,) = _LENGTH.unpack_from(payload, offset)
+            offset += _LENGTH.size
+            if offset + length > len(payload):
+                raise UnreadableDecision("a decision runs past the end of the record")
+            out.append(Decision.from_bytes(payload[offset : offset + length]))
+            offset += length
+    except struct.error as exc:
+        raise UnreadableDecision(str(exc)) from exc
+    if offset != len(payload):
+        raise UnreadableDecision(f"{len(payload) - offset} bytes after the record's {count} decision(s)")
+    return out
+
+
 @dataclass(slots=True)
 class _Kept:
     ref: RecordRef
@@ -102,7 +143,7 @@ class DecisionLog:
         registry: CollectorRegistry | None = None,
     ) -> None:
         metrics = WalMetrics(registry, "decision_log", "decision log")
-        self.log = WriteAheadLog(config, check=Decision.from_bytes, metrics=metrics)
+        self.log = WriteAheadLog(config, check=decode_decisions, metrics=metrics)
         self._data = data
         self._retention = retention
         self._now = clock
@@ -111,18 +152,18 @@ class DecisionLog:
         self._waiting_count = 0
         data.on_delete = self._segment_deleted
 
-    def replay(self) -> Iterator[tuple[RecordRef, Decision]]:
-        """Every readable decision on disk, oldest first (unreadable ones are skipped, logged and
-        counted by the log). Call `keep` for each yielded ref once the data log's replay says where
-        its traces' records are."""
+    def replay(self) -> Iterator[tuple[RecordRef, list[Decision]]]:
+        """Every readable record's decisions, oldest first (unreadable records are skipped, logged
+        and counted by the log). Call `keep` for each yielded ref once the data log's replay says
+        where its traces' records are."""
         for ref, payload in self.log.replay():
-            yield ref, Decision.from_bytes(payload)
+            yield ref, decode_decisions(payload)
 
-    def append(self, decision: Decision) -> tuple[RecordRef, asyncio.Future[None]]:
-        """Queue the decision; the future resolves once it is written (and synced per the fsync
-        policy). Raises WalFull at the log's bound: the caller keeps the partition's data held and
-        retries. After the future, call `keep` (or `drop` when it failed)."""
-        return self.log.append_nowait(decision.to_bytes())
+    def append(self, decisions: Sequence[Decision]) -> tuple[RecordRef, asyncio.Future[None]]:
+        """Queue the decisions as one record; the future resolves once it is written (and synced
+        per the fsync policy). Raises WalFull at the log's bound: the caller keeps the partitions'
+        data held and retries. After the future, call `keep` (or `drop` when it failed)."""
+        return self.log.append_nowait(encode_decisions(decisions))
 
     def keep(self, ref: RecordRef, data_segments: Iterable[int]) -> None:
         """Hold the record for `retention` and until none of `data_segments` is live."""
@@ -162,4 +203,4 @@ class DecisionLog:
         return len(self._kept) + self._waiting_count
 
 
-__all__ = ["Decision", "DecisionLog", "UnreadableDecision", "WalFull"]
+__all__ = ["Decision", "DecisionLog", "UnreadableDecision", "WalFull", "decode_decisions", "encode_decisions"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from stepwatch.evaluator.accounting import SpanAccounting
 from stepwatch.evaluator.buffer import PartitionBuffer, SpanRecord
@@ -28,6 +28,10 @@ from .wal import RecordRef, WalClosed, WalFull, WriteAheadLog
 from .wal_format import WalEntry
 
 log = logging.getLogger("stepwatch")
+
+DECISIONS_PER_RECORD = 256
+"""At most this many decisions a record (~25 KB for trace partitions): a backlog retried after the
+log was full is written as several records that fit a segment, not as one that outgrows it."""
 
 
 class SpanLogs:
@@ -57,47 +61,90 @@ class SpanLogs:
         self.max_hold = max_hold
         """No span stays in a partition longer than this: a WAL hold older than it was never released."""
         self._undecided: list[PartitionScores] = []  # delivered, decision not yet written (log full)
+        self._delivering: list[PartitionScores] = []  # delivered this turn of the loop, not decided yet
         self._reopened: set[bytes] = set()  # traces rebuilt by the replay, held open until _reopened_due
         self._reopened_due = 0.0
 
     # -- acknowledgements (event loop) --------------------------------------------------------
 
-    def delivered(self, event: PartitionScores) -> None:
-        """Every exporter has handled the event: the spans behind it need no replay."""
-        tenant = tenant_of(event.attributes)
-        keys = [self.scope.trace_key(tenant, bytes.fromhex(t)) for t in event.trace_ids]
-        if self.decisions is None or not event.scored_spans:
-            self.release(keys)
+    def delivered(self, events: Sequence[PartitionScores]) -> None:
+        """Every exporter has handled these events: the spans behind them need no replay.
+
+        With a decision log, the events delivered in one turn of the event loop (an export batch;
+        Kafka acknowledges a batch's events one by one) are decided together, in one record: the
+        log's cost per record (frame, checksum, future, hold) is paid once per batch. Without a
+        running loop they are decided at once."""
+        if self.decisions is None:
+            self._decide(events)
             return
-        partition_id = (
-            self.scope.session_key(tenant, event.partition_id)
-            if event.partition_type == "session"
-            else keys[0].hex()
-            if event.partition_type == "trace" and keys
-            else event.partition_id
-        )
-        decision = Decision(event.partition_type, partition_id, event.revision, event.scored_spans)
+        first = not self._delivering
+        self._delivering += events
+        if first:
+            try:
+                asyncio.get_running_loop().call_soon(self.decide_delivered)
+            except RuntimeError:
+                self.decide_delivered()
+
+    def decide_delivered(self) -> None:
+        """Write the decisions of the events delivered so far (flush_decisions and shutdown call it
+        before they wait for the log)."""
+        if self._delivering:
+            events, self._delivering = self._delivering, []
+            self._decide(events)
+
+    def _decide(self, events: Sequence[PartitionScores]) -> None:
+        decisions: list[Decision] = []
+        keys: list[list[bytes]] = []  # each decided partition's traces
+        decided: list[PartitionScores] = []
+        for event in events:
+            tenant = tenant_of(event.attributes)
+            trace_keys = [self.scope.trace_key(tenant, bytes.fromhex(t)) for t in event.trace_ids]
+            if self.decisions is None or not event.scored_spans:
+                self.release(trace_keys)
+                continue
+            partition_id = (
+                self.scope.session_key(tenant, event.partition_id)
+                if event.partition_type == "session"
+                else trace_keys[0].hex()
+                if event.partition_type == "trace" and trace_keys
+                else event.partition_id
+            )
+            decisions.append(Decision(event.partition_type, partition_id, event.revision, event.scored_spans))
+            keys.append(trace_keys)
+            decided.append(event)
+        for start in range(0, len(decisions), DECISIONS_PER_RECORD):
+            end = start + DECISIONS_PER_RECORD
+            if not self._append(decisions[start:end], [k for ks in keys[start:end] for k in ks]):
+                self._undecided += decided[start:]
+                return
+
+    def _append(self, decisions: list[Decision], keys: list[bytes]) -> bool:
+        """Queue one record; False when the log is full (the caller keeps the partitions to retry)."""
+        assert self.decisions is not None
         try:
-            ref, written = self.decisions.append(decision)
+            ref, written = self.decisions.append(decisions)
         except WalFull:
-            log.warning("decision log full: partition %s keeps its log holds until it has room", partition_id)
-            self._undecided.append(event)
-            return
-        except WalClosed:  # stopped: the holds stay, a replay re-scores the whole partition
-            return
+            log.warning(
+                "decision log full: %d partition(s) keep their log holds until it has room", len(decisions)
+            )
+            return False
+        except WalClosed:  # stopped: the holds stay, a replay re-scores the whole partitions
+            return True
         written.add_done_callback(lambda done: self._decided(ref, keys, done))
+        return True
 
     def _decided(self, ref: RecordRef, keys: list[bytes], written: asyncio.Future[None]) -> None:
         assert self.decisions is not None and self.wal is not None
         if written.cancelled() or written.exception() is not None:
-            log.error("decision log write failed; partition keeps its log holds: %s", written.exception())
+            log.error("decision log write failed; partitions keep their log holds: %s", written.exception())
             self.decisions.drop(ref)
             return
         segments: set[int] = set()
+        wal, kafka = self.wal, self.kafka
         for key in keys:
-            segments |= self.wal.release(key)
-            if self.kafka is not None:
-                self.kafka.release(key)
+            segments |= wal.release(key)
+            if kafka is not None:
+                kafka.release(key)
         self.decisions.keep(ref, segments)
 
     def release(self, keys: Iterable[bytes]) -> None:
@@ -123,8 +170,7 @@ class SpanLogs:
             self.decisions.sweep()
             if self._undecided:
                 retry, self._undecided = self._undecided, []
-                for event in retry:
-                    self.delivered(event)
+                self._decide(retry)
 
     def expire_holds(self) -> None:
         """The backstop for holds nothing will release (an event an exporter's queue refused)."""
@@ -136,6 +182,7 @@ class SpanLogs:
     async def flush_decisions(self) -> None:
         """Wait until every decision queued so far is written and its partition's holds released."""
         if self.decisions is not None:
+            self.decide_delivered()
             await self.decisions.log.flush()
             for _ in range(3):
                 await asyncio.sleep(0)
@@ -187,8 +234,10 @@ class SpanLogs:
                 if records_replayed % 64 == 0:
                     await asyncio.sleep(0)
         if self.decisions is not None:
-            for ref, decision in decisions:
-                self.decisions.keep(ref, set().union(*(decided_in.get(k, ()) for k in decision.spans)))
+            for ref, batch in decisions:
+                self.decisions.keep(
+                    ref, set().union(*(decided_in.get(k, ()) for decision in batch for k in decision.spans))
+                )
         if reopened:
             log.info(
                 "write-ahead log: %d rebuilt open trace(s) wait %.1f s for their clients' retries before "
@@ -203,20 +252,21 @@ class SpanLogs:
                 "were already scored",
                 spans,
                 records_replayed,
-                len(decisions),
+                sum(len(batch) for _, batch in decisions),
                 self.accounting.duplicates["replayed"],
             )
 
-    def _replay_decisions(self) -> list[tuple[RecordRef, Decision]]:
+    def _replay_decisions(self) -> list[tuple[RecordRef, list[Decision]]]:
         """Seed the ledger with every decision on disk (latest revision wins)."""
         if self.decisions is None:
             return []
         out = list(self.decisions.replay())
         ledger = self.buffer.ledger
         with ledger.unbounded():
-            for _, decision in out:
-                for trace_key, ids in decision.spans.items():
-                    ledger.restore(trace_key, ids, decision.partition_id, decision.revision)
-                if decision.partition_type == "session":
-                    ledger.session_closed(decision.partition_id, decision.revision)
+            for _, batch in out:
+                for decision in batch:
+                    for trace_key, ids in decision.spans.items():
+                        ledger.restore(trace_key, ids, decision.partition_id, decision.revision)
+                    if decision.partition_type == "session":
+                        ledger.session_closed(decision.partition_id, decision.revision)
         return out

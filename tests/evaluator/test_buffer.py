@@ -451,3 +451,19 @@ def test_a_discarded_paused_trace_is_forgotten() -> None:
     clock.advance(2.1)
     (closed,) = buf.sweep()
     assert len(closed.records) == 1
+
+
+def test_a_closed_trace_carries_its_span_ids_packed_as_its_decision_records_them() -> None:
+    from stepwatch.evaluator.engine import scored_spans
+    from stepwatch.evaluator.ledger import pack_span_ids
+
+    buf, clock, _ = make()
+    buf.offer([rec(1, 9), rec(1, 3, root=True), rec(1, 5), rec(1, 3)])  # the last one a duplicate
+    clock.advance(3)
+    (closed,) = buf.sweep()
+    assert (
+        closed.span_ids
+        == pack_span_ids(r[1] for r in closed.records)
+        == buf.ledger.get(closed.records[0][0]).ids
+    )
+    assert scored_spans(closed.records, True, closed.span_ids) == scored_spans(closed.records, True)
