@@ -10,10 +10,10 @@ the embedded defaults plus the loadgen's task expectations, no write-ahead log) 
   export  - every score sink's export (Prometheus, plus any stream configured).
 Each stage is timed (process CPU time, so other work on a shared machine counts less) over the whole
 set, --rounds times on fresh services; the median is printed.
-`--profile STAGE` prints a cProfile of that stage instead. Use it to see where a change lands
+`--profile STAGE` prints a cProfile of that stage instead (`--sort tottime` for self time). Use it to see where a change lands
 before running bench_e2e.py, whose figures include the transport and the other core's noise.
 
-Usage: python bench/bench_pipeline.py [--traces 2000] [--rounds 5] [--profile score]
+Usage: python bench/bench_pipeline.py [--traces 2000] [--rounds 5] [--profile score [--sort tottime]]
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def make_traffic(loadgen: Path, traces: int, seed: int, workdir: Path) -> tuple[
 
 
 def one_round(
-    requests: list[bytes], expectations: Path, profile: str | None
+    requests: list[bytes], expectations: Path, profile: str | None, sort: str = "cumulative"
 ) -> tuple[dict[str, float], int, int]:
     """Seconds per stage, spans scored and partitions scored for one pass over the traffic."""
     clock = ManualClock()
@@ -98,7 +98,7 @@ def one_round(
 
     timed("export", lambda: asyncio.run(export()))
     if profiler is not None:
-        pstats.Stats(profiler).sort_stats(__import__("os").environ.get("SORT", "cumulative")).print_stats(40)
+        pstats.Stats(profiler).sort_stats(sort).print_stats(40)
     return seconds, service.accounting.scored, len(events)
 
 
@@ -109,6 +109,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", choices=STAGES, help="print a cProfile of one stage (one round)")
+    parser.add_argument(
+        "--sort", default="cumulative", choices=("cumulative", "tottime", "ncalls"), help="--profile's order"
+    )
     args = parser.parse_args()
     gc.set_threshold(*GC_THRESHOLDS)  # as `serve` runs
     with tempfile.TemporaryDirectory(prefix="stepwatch-bench-") as tmp:
@@ -120,7 +123,7 @@ def main() -> None:
             for ss in rs.scope_spans
         )
         if args.profile:
-            one_round(requests, expectations, args.profile)
+            one_round(requests, expectations, args.profile, args.sort)
             return
         rounds = [one_round(requests, expectations, None) for _ in range(args.rounds)]
     per_span = {
