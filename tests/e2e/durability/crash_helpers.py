@@ -1,5 +1,6 @@
-"""A `serve_recording.py` subprocess a test can SIGKILL and restart on the same data dir, and
-what it recorded: the traces scored (EVENTS_FILE) and every score (EVENTS_FILE.scores)."""
+"""A `serve_recording.py` subprocess a test can SIGKILL and restart on the same data dir, what it
+recorded (the traces scored in EVENTS_FILE, every score in EVENTS_FILE.scores), and a paced
+sender of dumped requests that outlasts the crashes it is sent through."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 RUNNER = Path(__file__).with_name("serve_recording.py")
@@ -110,3 +115,79 @@ def score_lines(events: Path) -> list[list[object]]:
     # the recorder may be writing its last line right now: read only complete lines
     complete = text[: text.rfind("\n") + 1]
     return [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+
+RETRYABLE = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+)
+
+
+def send_until_acknowledged(
+    export: Callable[..., bytes], payload: bytes, retried: Callable[[], None] = lambda: None
+) -> None:
+    """Send until the server acknowledges: it may be down (killed, restarting) for a while."""
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            export(payload, timeout=10)
+            return
+        except grpc.RpcError as exc:
+            if exc.code() not in RETRYABLE or time.monotonic() > deadline:  # type: ignore[attr-defined]
+                raise
+            retried()
+            time.sleep(0.1)
+
+
+class PacedReplay:
+    """The clean run's requests sent again in order at `rate` requests a second over `concurrency`
+    in flight, each retried until acknowledged while the server is down (killed, restarting)."""
+
+    def __init__(self, port: int, dump: Path, rate: float, concurrency: int = 2) -> None:
+        self.port, self.rate = port, rate
+        self.payloads = [path.read_bytes() for path in sorted(dump.glob("batch-*.pb"))]
+        assert self.payloads, f"no requests dumped in {dump}"
+        self._next, self._lock = 0, threading.Lock()
+        self.acknowledged, self.retries = 0, 0
+        self.errors: list[BaseException] = []
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(concurrency)]
+
+    def _take(self) -> int | None:
+        with self._lock:
+            if self._next == len(self.payloads):
+                return None
+            self._next += 1
+            return self._next - 1
+
+    def _retried(self) -> None:
+        with self._lock:
+            self.retries += 1
+
+    def _run(self) -> None:
+        try:
+            with grpc.insecure_channel(f"127.0.0.1:{self.port}") as channel:
+                export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
+                while (i := self._take()) is not None:
+                    time.sleep(max(0.0, self._started + i / self.rate - time.monotonic()))
+                    send_until_acknowledged(export, self.payloads[i], self._retried)
+                    with self._lock:
+                        self.acknowledged += 1
+        except BaseException as exc:  # reported by join()
+            self.errors.append(exc)
+
+    def start(self) -> None:
+        self._started = time.monotonic()
+        for thread in self._threads:
+            thread.start()
+
+    def mid_stream(self) -> bool:
+        with self._lock:
+            return 0 < self.acknowledged < len(self.payloads) and not self.errors
+
+    def join(self) -> None:
+        for thread in self._threads:
+            thread.join(timeout=300)
+            assert not thread.is_alive(), "the replayed requests were not all acknowledged"
+        assert not self.errors, self.errors
+        assert self.acknowledged == len(self.payloads)

@@ -2,50 +2,46 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from crash_helpers import Server, generated_traces, scored_traces
+from crash_helpers import PacedReplay, Server, generated_traces, scored_traces
 from serve_helpers import free_port, scrape, total
 from shared_paths import LOADGEN
 
 pytestmark = pytest.mark.slow
 
 
+REPLAY_RATE = 18.0
+"""Requests a second: the ~190 dumped requests take ~10 s, so the crash (after 20 traces are scored,
+a few seconds in) is mid-stream on a slow machine too. An unpaced load generator could finish first."""
+
+
 def test_sigkill_mid_stream_and_a_torn_log_tail_lose_no_trace(tmp_path: Path) -> None:
     events, data_dir, dump = tmp_path / "events.txt", tmp_path / "data", tmp_path / "batches"
+    subprocess.run(
+        [sys.executable, str(LOADGEN), "--traces", "6000", "--no-send", "--dump", str(dump)],
+        check=True,
+        capture_output=True,
+    )
+    generated = generated_traces(dump)
+    assert len(generated) == 6000
     grpc_port, metrics_port = free_port(), free_port()
     server = Server(events, data_dir, grpc_port, metrics_port, tmp_path / "server.log")
-    loadgen: subprocess.Popen[str] | None = None
+    replay = PacedReplay(grpc_port, dump, rate=REPLAY_RATE)
     try:
         server.start()
-        loadgen = subprocess.Popen(
-            [
-                sys.executable,
-                str(LOADGEN),
-                "--target",
-                f"127.0.0.1:{grpc_port}",
-                "--traces",
-                "6000",
-                "--concurrency",
-                "2",
-                "--max-retries",
-                "12",
-                "--dump",
-                str(dump),
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        replay.start()
         deadline = time.monotonic() + 120
         while len(scored_traces(events)) < 20:  # mid-stream: a few traces scored, most not yet sent
-            assert loadgen.poll() is None, "the load generator finished before the crash"
+            assert replay.acknowledged < len(replay.payloads), "the requests were all sent before the crash"
+            assert not replay.errors, replay.errors
             assert time.monotonic() < deadline, "no scores before the crash"
             time.sleep(0.02)
+        assert replay.mid_stream(), "the requests were all sent before the crash"
         server.kill()
         scored_before = scored_traces(events)
 
@@ -55,20 +51,14 @@ def test_sigkill_mid_stream_and_a_torn_log_tail_lose_no_trace(tmp_path: Path) ->
             tail.write(b"SWL1" + (4096).to_bytes(4, "little") + b"\x00" * 300)
 
         server.start()
-        stdout, _ = loadgen.communicate(timeout=300)
-        result = json.loads(stdout.strip().splitlines()[-1])
-        assert result["errors"] == 0, result
-        generated = generated_traces(dump)
-        assert len(generated) == 6000
+        replay.join()  # every request acknowledged, those refused while the server was down retried
+        assert replay.retries > 0, "no request met the crash"
 
         deadline = time.monotonic() + 120
         while not generated <= scored_traces(events) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert total(scrape(metrics_port), "stepwatch_wal_corrupt_records_total") >= 1
     finally:
-        if loadgen is not None and loadgen.poll() is None:
-            loadgen.kill()
-            loadgen.wait(timeout=10)
         server.stop()
 
     scored = scored_traces(events)

@@ -22,13 +22,19 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import pytest
 from aiokafka import AIOKafkaConsumer
-from crash_helpers import Server, generated_traces, score_lines, scored_traces
+from crash_helpers import (
+    PacedReplay,
+    Server,
+    generated_traces,
+    score_lines,
+    scored_traces,
+    send_until_acknowledged,
+)
 from kafka_broker import TansuBroker
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from serve_helpers import free_port, scrape, serve_env, total
@@ -112,29 +118,6 @@ def _balanced(samples: dict) -> tuple[float, float]:  # type: ignore[type-arg]
     return taken_in, settled
 
 
-RETRYABLE = (
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.RESOURCE_EXHAUSTED,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-)
-
-
-def _send_until_acknowledged(
-    export: Callable[..., bytes], payload: bytes, retried: Callable[[], None] = lambda: None
-) -> None:
-    """Send until the server acknowledges: it may be down (killed, restarting) for a while."""
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            export(payload, timeout=10)
-            return
-        except grpc.RpcError as exc:
-            if exc.code() not in RETRYABLE or time.monotonic() > deadline:  # type: ignore[attr-defined]
-                raise
-            retried()
-            time.sleep(0.1)
-
-
 class SideTraffic:
     """Long-open traces beside the loadgen's: one rootless span every `interval`, its root only at
     the end. Each pins the WAL segment its span landed in, so some segments outlive the loadgen
@@ -164,10 +147,10 @@ class SideTraffic:
             with grpc.insecure_channel(f"127.0.0.1:{self.port}") as channel:
                 export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
                 for i in range(self.traces):
-                    _send_until_acknowledged(export, self._span(i, root=False))
+                    send_until_acknowledged(export, self._span(i, root=False))
                     time.sleep(self.interval)
                 for i in range(self.traces):
-                    _send_until_acknowledged(export, self._span(i, root=True))
+                    send_until_acknowledged(export, self._span(i, root=True))
         except BaseException as exc:  # reported by join()
             self.error = exc
 
@@ -182,59 +165,6 @@ class SideTraffic:
 
     def trace_ids(self) -> set[str]:
         return {(bytes([0xEE]) + i.to_bytes(15, "big")).hex() for i in range(self.traces)}
-
-
-class PacedReplay:
-    """The clean run's requests sent again in order at `rate` requests a second over `concurrency`
-    in flight, each retried until acknowledged while the server is down (killed, restarting)."""
-
-    def __init__(self, port: int, dump: Path, rate: float, concurrency: int = 2) -> None:
-        self.port, self.rate = port, rate
-        self.payloads = [path.read_bytes() for path in sorted(dump.glob("batch-*.pb"))]
-        assert self.payloads, f"no requests dumped in {dump}"
-        self._next, self._lock = 0, threading.Lock()
-        self.acknowledged, self.retries = 0, 0
-        self.errors: list[BaseException] = []
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(concurrency)]
-
-    def _take(self) -> int | None:
-        with self._lock:
-            if self._next == len(self.payloads):
-                return None
-            self._next += 1
-            return self._next - 1
-
-    def _retried(self) -> None:
-        with self._lock:
-            self.retries += 1
-
-    def _run(self) -> None:
-        try:
-            with grpc.insecure_channel(f"127.0.0.1:{self.port}") as channel:
-                export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
-                while (i := self._take()) is not None:
-                    time.sleep(max(0.0, self._started + i / self.rate - time.monotonic()))
-                    _send_until_acknowledged(export, self.payloads[i], self._retried)
-                    with self._lock:
-                        self.acknowledged += 1
-        except BaseException as exc:  # reported by join()
-            self.errors.append(exc)
-
-    def start(self) -> None:
-        self._started = time.monotonic()
-        for thread in self._threads:
-            thread.start()
-
-    def mid_stream(self) -> bool:
-        with self._lock:
-            return 0 < self.acknowledged < len(self.payloads) and not self.errors
-
-    def join(self) -> None:
-        for thread in self._threads:
-            thread.join(timeout=300)
-            assert not thread.is_alive(), "the replayed requests were not all acknowledged"
-        assert not self.errors, self.errors
-        assert self.acknowledged == len(self.payloads)
 
 
 def _segment_ids(data_dir: Path) -> list[int]:
