@@ -85,6 +85,7 @@ bench: setup
 	$(BIN)/python bench/bench_e2e.py --runs 3 --duration 10
 	$(BIN)/python bench/bench_cpu.py --rounds 3 --no-wal-run
 	$(BIN)/python bench/bench_wal.py
+	$(BIN)/python bench/bench_decisions.py
 
 # trajectory_steps against a real llama.cpp server (Qwen2.5-Coder-1.5B): accuracy, requests, tokens, rate.
 bench-judge: setup
