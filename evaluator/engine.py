@@ -123,8 +123,11 @@ def evaluate(
     inp = build_scoring_input(partition, expectation, observe=observe, observed=observed)
     # alignment too large for the shared worker: those scorers are not_scored, the rest run
     run, skipped = guarded_scorers(scorers, guard(inp))
-    sync = [s for s in run if not is_async_scorer(s)]
-    return Evaluation(inp, [*run_sync_scorers(inp, sync), *skipped], [s for s in run if is_async_scorer(s)])
+    sync: list[Scorer] = []
+    pending: list[Scorer] = []
+    for scorer in run:  # asked once a scorer
+        (pending if is_async_scorer(scorer) else sync).append(scorer)
+    return Evaluation(inp, [*run_sync_scorers(inp, sync, known_sync=True), *skipped], pending)
 
 
 @dataclass(slots=True)

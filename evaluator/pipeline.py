@@ -231,15 +231,19 @@ def _applicable(inp: ScoringInput, scorer: Scorer) -> bool | ScoreResult:
         return _failure(scorer, exc)
 
 
-def run_sync_scorers(inp: ScoringInput, scorers: Sequence[Scorer]) -> list[ScoreResult]:
-    """Run synchronous scorers in order; async ones in `scorers` are an error result each."""
+def run_sync_scorers(
+    inp: ScoringInput, scorers: Sequence[Scorer], *, known_sync: bool = False
+) -> list[ScoreResult]:
+    """Run synchronous scorers in order; async ones in `scorers` are an error result each.
+    `known_sync`: the caller has split them with is_async_scorer already (not asked again: ~0.35 us
+    a scorer, on every partition)."""
     results: list[ScoreResult] = []
     for scorer in scorers:
         pre = _pre_result(inp, scorer)
         if pre is not None:
             results.append(pre)
             continue
-        if is_async_scorer(scorer):
+        if not known_sync and is_async_scorer(scorer):
             results.append(ScoreResult(metric=scorer.name, error="async scorer passed to run_sync_scorers"))
             continue
         applicable = _applicable(inp, scorer)

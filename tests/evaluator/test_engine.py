@@ -246,3 +246,30 @@ async def test_an_observed_decoders_answer_is_what_gets_scored_and_its_none_fall
     accuracy = [next(r.score for r in e.results if r.metric == "agent.step_accuracy") for e in rig.events]
     assert accuracy == [1.0, 0.0]  # the answer's step, then the spans' own (none)
     assert [e.span_count for e in rig.events] == [3, 3]
+
+
+class _Named:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def applicable(self, inp: ScoringInput) -> bool:
+        return True
+
+    def score(self, inp: ScoringInput) -> ScoreResult:
+        return ScoreResult(metric=self.name, score=1.0)
+
+
+class _AsyncNamed(_Named):
+    async def score(self, inp: ScoringInput) -> ScoreResult:  # type: ignore[override]
+        return ScoreResult(metric=self.name, score=0.5)
+
+
+def test_evaluate_runs_the_sync_scorers_in_order_and_leaves_the_async_ones_pending() -> None:
+    from stepwatch.evaluator.engine import evaluate
+
+    partition = build_partition("trace", "t", [])
+    first, judge, last = _Named("first"), _AsyncNamed("judge"), _Named("last")
+    done = evaluate(partition, None, [first, judge, last], guard=lambda inp: None)
+    assert [r.metric for r in done.results] == ["first", "last"]
+    assert all(r.error is None for r in done.results)
+    assert done.pending == [judge]
