@@ -184,9 +184,9 @@ def reads_span_attributes(scorer: Scorer) -> bool:
 def is_async_scorer(scorer: Scorer) -> bool:
     """Whether `scorer.score` is a coroutine function.
 
-    The service asks three times per scorer per partition, and the registry makes fresh scorer
-    instances each time, so the answer is cached per underlying function (a bound method's
-    `__func__`); other callables (partials, callable objects) are inspected each time.
+    The service asks once per scorer per partition (engine.evaluate), so the answer is cached per
+    underlying function (a bound method's `__func__`); other callables (partials, callable
+    objects) are inspected each time.
     """
     score = scorer.score
     if type(score) is MethodType and type(score.__func__) is FunctionType:
