@@ -6,7 +6,7 @@ In-process, on the real write-ahead and decision logs in a temporary directory (
 disk is not measured): --partitions trace partitions of --spans span ids each, their WAL records
 appended and tracked first, then delivered --batch at a time, one turn of the event loop per batch
 (the exporters hand a batch over at once, so one turn decides it). Each --per-record value caps the
-decisions a record holds (span_logs.DECISIONS_PER_RECORD, set here for the run): 1 is what every
+decisions a record holds (SpanLogs' decisions_per_record): 1 is what every
 partition cost before decisions were batched, 256 is the service's. Each runs --rounds times,
 alternating, and the median is printed.
 
@@ -28,9 +28,8 @@ from stepwatch.evaluator.accounting import SpanAccounting
 from stepwatch.evaluator.buffer import BufferLimits, PartitionBuffer
 from stepwatch.evaluator.ledger import pack_span_ids
 from stepwatch.evaluator.scores import PartitionScores
-from stepwatch.receiver import span_logs
 from stepwatch.receiver.decision_log import DecisionLog
-from stepwatch.receiver.span_logs import SpanLogs
+from stepwatch.receiver.span_logs import DECISIONS_PER_RECORD, SpanLogs
 from stepwatch.receiver.wal import WalConfig, WriteAheadLog
 from stepwatch.security.config import SecurityConfig
 from stepwatch.security.tenant_scope import TenantScope
@@ -57,7 +56,6 @@ def _event(trace: bytes, ids: bytes) -> PartitionScores:
 
 async def one_round(directory: Path, partitions: int, spans: int, batch: int, per_record: int) -> float:
     """CPU microseconds per partition from the first delivery to the last hold released."""
-    span_logs.DECISIONS_PER_RECORD = per_record
     wal = WriteAheadLog(WalConfig(directory=directory / "wal", fsync="never"))
     decisions = DecisionLog(WalConfig(directory=directory / "ledger", fsync="never"), wal, retention=60.0)
     logs = SpanLogs(
@@ -67,6 +65,7 @@ async def one_round(directory: Path, partitions: int, spans: int, batch: int, pe
         time.monotonic,
         wal=wal,
         decisions=decisions,
+        decisions_per_record=per_record,
     )
     await wal.start()
     await decisions.log.start()
@@ -97,7 +96,7 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    caps = args.per_record or [1, span_logs.DECISIONS_PER_RECORD]
+    caps = args.per_record or [1, DECISIONS_PER_RECORD]
     if min(args.partitions, args.spans, args.rounds, args.batch, *caps) < 1:
         parser.error("--partitions, --spans, --batch, --per-record and --rounds must be positive")
     results: dict[int, list[float]] = {cap: [] for cap in caps}

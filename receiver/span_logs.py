@@ -49,6 +49,7 @@ class SpanLogs:
         kafka: KafkaIngest | None = None,
         replay_grace: float = 0.0,
         max_hold: float = float("inf"),
+        decisions_per_record: int = DECISIONS_PER_RECORD,
     ) -> None:
         self.buffer = buffer
         self.accounting = accounting
@@ -59,6 +60,7 @@ class SpanLogs:
         self.kafka = kafka
         self.replay_grace = replay_grace
         self.max_hold = max_hold
+        self.decisions_per_record = decisions_per_record
         """No span stays in a partition longer than this: a WAL hold older than it was never released."""
         self._undecided: list[PartitionScores] = []  # delivered, decision not yet written (log full)
         self._delivering: list[PartitionScores] = []  # delivered this turn of the loop, not decided yet
@@ -112,8 +114,9 @@ class SpanLogs:
             decisions.append(Decision(event.partition_type, partition_id, event.revision, event.scored_spans))
             keys.append(trace_keys)
             decided.append(event)
-        for start in range(0, len(decisions), DECISIONS_PER_RECORD):
-            end = start + DECISIONS_PER_RECORD
+        per_record = self.decisions_per_record
+        for start in range(0, len(decisions), per_record):
+            end = start + per_record
             if not self._append(decisions[start:end], [k for ks in keys[start:end] for k in ks]):
                 self._undecided += decided[start:]
                 return

@@ -132,6 +132,24 @@ async def test_partitions_delivered_in_one_turn_share_one_decision_record(tmp_pa
     await again.stop()
 
 
+async def test_a_large_delivery_is_split_into_records_of_at_most_the_cap(tmp_path: Path) -> None:
+    rig = _Rig(tmp_path, ManualClock())
+    rig.logs.decisions_per_record = 2
+    await rig.start()
+    traces = [bytes([n]) * 16 for n in range(1, 6)]
+    for trace in traces:
+        ref = await rig.wal.append(
+            WalEntry("", _request(1, root=True, trace=trace).SerializeToString()).to_bytes()
+        )
+        rig.wal.track(ref, [trace])
+    rig.logs.delivered([_event([1], trace) for trace in traces])
+    await rig.logs.flush_decisions()
+    assert rig.wal.held_keys() == 0
+    await rig.stop()
+    batches = [batch for _, batch in DecisionLog(rig.decisions.log.config, rig.wal, 300.0).replay()]
+    assert [len(batch) for batch in batches] == [2, 2, 1]
+
+
 async def test_without_a_decision_log_a_delivered_partition_is_released_at_once(tmp_path: Path) -> None:
     clock = ManualClock()
     rig = _Rig(tmp_path, clock)

@@ -125,17 +125,23 @@ RETRYABLE = (
 
 
 def send_until_acknowledged(
-    export: Callable[..., bytes], payload: bytes, retried: Callable[[], None] = lambda: None
-) -> None:
-    """Send until the server acknowledges: it may be down (killed, restarting) for a while."""
+    export: Callable[..., bytes],
+    payload: bytes,
+    retried: Callable[[], None] = lambda: None,
+    stopped: Callable[[], bool] = lambda: False,
+) -> bool:
+    """Send until the server acknowledges: it may be down (killed, restarting) for a while.
+    False when `stopped()` said to give up first (the test is over)."""
     deadline = time.monotonic() + 180
     while True:
         try:
             export(payload, timeout=10)
-            return
+            return True
         except grpc.RpcError as exc:
             if exc.code() not in RETRYABLE or time.monotonic() > deadline:  # type: ignore[attr-defined]
                 raise
+            if stopped():
+                return False
             retried()
             time.sleep(0.1)
 
@@ -152,10 +158,11 @@ class PacedReplay:
         self.acknowledged, self.retries = 0, 0
         self.errors: list[BaseException] = []
         self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(concurrency)]
+        self._stop = threading.Event()
 
     def _take(self) -> int | None:
         with self._lock:
-            if self._next == len(self.payloads):
+            if self._next == len(self.payloads) or self._stop.is_set():
                 return None
             self._next += 1
             return self._next - 1
@@ -170,7 +177,10 @@ class PacedReplay:
                 export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
                 while (i := self._take()) is not None:
                     time.sleep(max(0.0, self._started + i / self.rate - time.monotonic()))
-                    send_until_acknowledged(export, self.payloads[i], self._retried)
+                    if not send_until_acknowledged(
+                        export, self.payloads[i], self._retried, self._stop.is_set
+                    ):
+                        return
                     with self._lock:
                         self.acknowledged += 1
         except BaseException as exc:  # reported by join()
@@ -184,6 +194,13 @@ class PacedReplay:
     def mid_stream(self) -> bool:
         with self._lock:
             return 0 < self.acknowledged < len(self.payloads) and not self.errors
+
+    def stop(self) -> None:
+        """Stop sending (a test that failed): no thread goes on retrying against a freed port."""
+        self._stop.set()
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(timeout=15)
 
     def join(self) -> None:
         for thread in self._threads:

@@ -59,6 +59,7 @@ def test_sigkill_mid_stream_and_a_torn_log_tail_lose_no_trace(tmp_path: Path) ->
             time.sleep(0.1)
         assert total(scrape(metrics_port), "stepwatch_wal_corrupt_records_total") >= 1
     finally:
+        replay.stop()
         server.stop()
 
     scored = scored_traces(events)

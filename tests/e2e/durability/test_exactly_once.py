@@ -318,6 +318,7 @@ def test_two_sigkills_small_segments_and_a_kafka_outage_change_no_score(tmp_path
         )
         assert len({e.event_id for e in kafka}) == len(identities), "the topic holds every scored identity"
     finally:
+        replay.stop()
         server.stop()
         proxy.stop()
         broker.stop()
