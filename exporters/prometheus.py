@@ -10,14 +10,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from stepwatch.evaluator.scores import PartitionScores
 
 from .base import Capabilities
 from .score_families import FAMILIES, RATIO, exposed_value, family_of
+from .series import Buckets, CounterSeries, GaugeSeries, HistogramSeries, created_series_enabled
 from .task_keys import UNREGISTERED, TaskKeyCap
 
 GENERIC_LATENCY_BUCKETS: tuple[float, ...] = (
@@ -69,41 +69,47 @@ class PrometheusExporter:
         self._task_keys = TaskKeyCap(max_task_keys, registered)
         self._clock = clock
         self._tenant_label = tenant_label
-        self._counted: dict[tuple[str, ...], Any] = {}
-        """`stepwatch_evaluations_total` children by label values (outcome last): labels() costs
-        far more than inc(), and this is every child that family has, so a removed key is found here."""
-        self._scored: dict[tuple[str, ...], tuple[Any, ...]] = {}
+        self._counted: dict[tuple[str, ...], list[float]] = {}
+        """`stepwatch_evaluations_total` children by label values (outcome last): every child that
+        family has, so a removed key is found here."""
+        self._scored: dict[tuple[str, ...], tuple[Buckets, list[float] | None]] = {}
         """Score children by (metric, *labels): (histogram, last-score gauge) for the ratio family,
-        (histogram,) for the statistics; only for label sets that had a score (labels() alone would
-        expose an empty series)."""
+        (histogram, None) for the statistics; only for label sets that had a score (a child alone
+        would expose an empty series)."""
         labels = ["metric", "task_key", "partition_type", *(["tenant"] if tenant_label else [])]
-        self.last_score = Gauge(
+        created = created_series_enabled()
+        # the series every scored partition updates: plain numbers, no lock (series.py)
+        self.last_score = GaugeSeries(
             "stepwatch_evaluation_last_score_ratio",
             "The latest quality score, 0-1 (plan_adherence divided by 100).",
             labels,
-            registry=self.registry,
+            created,
         )
         self.histograms = {
-            family.name: Histogram(
+            family.name: HistogramSeries(
                 family.name,
                 family.documentation,
                 labels if family.per_metric else labels[1:],
-                buckets=family.buckets,
-                registry=self.registry,
+                family.buckets,
+                created,
             )
             for family in FAMILIES
         }
         self.score = self.histograms[RATIO.name]
-        self.evaluations = Counter(
-            "stepwatch_evaluations", "Evaluations by outcome.", [*labels, "outcome"], registry=self.registry
+        self.evaluations = CounterSeries(
+            "stepwatch_evaluations", "Evaluations by outcome.", [*labels, "outcome"], created
         )
         self.latency_buckets = latency_buckets(trace_idle_timeout, session_idle_timeout)
-        self.score_latency = Histogram(
+        latency = HistogramSeries(
             "stepwatch_score_latency_seconds",
             "Last span arrival to score emitted.",
-            buckets=self.latency_buckets,
-            registry=self.registry,
+            (),
+            self.latency_buckets,
+            created,
         )
+        self.score_latency = latency.child(())
+        for series in (self.last_score, *self.histograms.values(), self.evaluations, latency):
+            self.registry.register(series)
         self.reloads = Counter(
             "stepwatch_expectations_reloads", "Expectations file reloads.", ["result"], registry=self.registry
         )
@@ -167,28 +173,29 @@ class PrometheusExporter:
                 key = (*labels, result.outcome)
                 counter = counted.get(key)
                 if counter is None:
-                    counter = counted[key] = self.evaluations.labels(*key)
-                counter.inc()
+                    counter = counted[key] = self.evaluations.child(key)
+                counter[0] += 1.0
                 score = result.score
                 if score is not None:
                     children = scored.get(labels)
                     if children is None:
                         children = scored[labels] = self._score_children(labels)
                     value = exposed_value(result.metric, score)
-                    children[0].observe(value)
-                    if len(children) > 1:
-                        children[1].set(value)
+                    histogram, gauge = children
+                    histogram.observe(value)
+                    if gauge is not None:
+                        gauge[0] = value
             if event.last_span_monotonic:
                 self.score_latency.observe(max(0.0, now - event.last_span_monotonic))
 
-    def _score_children(self, labels: tuple[str, ...]) -> tuple[Any, ...]:
-        """(histogram, last-score gauge) children for a ratio metric, (histogram,) for a statistic,
-        whose family has no `metric` label."""
+    def _score_children(self, labels: tuple[str, ...]) -> tuple[Buckets, list[float] | None]:
+        """(histogram, last-score gauge) children for a ratio metric, (histogram, None) for a
+        statistic, whose family has no `metric` label."""
         family = family_of(labels[0])
         histogram = self.histograms[family.name]
         if family.per_metric:
-            return (histogram.labels(*labels), self.last_score.labels(*labels))
-        return (histogram.labels(*labels[1:]),)
+            return (histogram.child(labels), self.last_score.child(labels))
+        return (histogram.child(labels[1:]), None)
 
     async def shutdown(self) -> None:
         return None
