@@ -503,12 +503,12 @@ class Service:
 
 
 def _native_scorer_entries() -> dict[str, ScorerEntry]:
-    """agent.step_accuracy with the native span core's alignment rows (identical, faster), when the
-    extension loaded; the evaluator's own Python rows otherwise (tests/native)."""
-    rows_of = spancore.bare_rows()
-    if rows_of is None:
+    """agent.step_accuracy with the native span core's group-free alignment (identical entries,
+    faster), when the extension loaded; the evaluator's own Python alignment otherwise (tests/native)."""
+    entries_of = spancore.bare_entries()
+    if entries_of is None:
         return {}
-    return {STEP_ACCURACY: ScorerEntry(lambda expectation: StepAccuracyScorer(rows_of))}
+    return {STEP_ACCURACY: ScorerEntry(lambda expectation: StepAccuracyScorer(entries_of))}
 
 
 def _decision_log_config(wal: WalConfig) -> WalConfig:

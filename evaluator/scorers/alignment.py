@@ -38,7 +38,7 @@ both to a textbook edit distance.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import Literal, NamedTuple, cast
@@ -97,20 +97,13 @@ def names_match(expected: str, step: Step) -> bool:
     return expected == step.name
 
 
-BareRows = Callable[[Sequence[tuple[int, int]], Sequence[int]], list[list[int]]]
-"""`bare_rows`'s signature: what a faster implementation of it (the native span core's, injected by
-the composition root through StepAccuracyScorer) must be, giving exactly its rows."""
-
-
 def align(
     expected: Sequence[ExpectedStep],
     observed: Sequence[Step],
     *,
     max_cells: int = DEFAULT_MAX_CELLS,
-    rows_of: BareRows | None = None,
 ) -> Alignment:
-    """Minimum-cost alignment with traceback. `expected` must already be validated. `rows_of`: an
-    implementation of `bare_rows` to run instead of it (same rows)."""
+    """Minimum-cost alignment with traceback. `expected` must already be validated."""
     n, m = len(expected), len(observed)
     if (n + 1) * (m + 1) > max_cells:
         raise AlignmentTooLarge(
@@ -125,7 +118,7 @@ def align(
     window_starts: dict[int, np.ndarray] = {}
     if bare and m <= PYTHON_ROW_MAX:
         same = [_token_ids(token, vocab) for token in expected]  # type: ignore[arg-type]  # no groups
-        rows = (rows_of or bare_rows)(same, obs_list)
+        rows = bare_rows(same, obs_list)
     else:
         rows = cast(Sequence[Sequence[int]], _numpy_rows(expected, obs_list, vocab, window_starts))
     steps = _traceback(expected, observed, rows, window_starts)

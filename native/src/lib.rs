@@ -688,10 +688,86 @@ fn time_value(py: Python<'_>, nanos: u64) -> PyResult<Bound<'_, PyAny>> {
     }
 }
 
-/// evaluator/scorers/alignment.py `bare_rows`, row for row (the composition root injects it).
+/// evaluator/scorers/step_accuracy.py `bare_entries`: (edit distance, the metadata's `steps`
+/// entries) of a group-free alignment of `expected` names with `observed` Steps, the same dicts in
+/// the same order. `normalise`: evaluator.model.normalise_tool_name (a TOOL step's key, and what an
+/// expected name matches a TOOL step by). None where Python must decide (a token not a str).
 #[pyfunction]
-fn bare_rows(same: Vec<(i64, i64)>, obs: Vec<i64>) -> Vec<Vec<i64>> {
-    align::bare_rows(&same, &obs)
+fn bare_entries<'py>(
+    py: Python<'py>,
+    expected: &Bound<'py, PyList>,
+    observed: &Bound<'py, PyList>,
+    normalise: &Bound<'py, PyAny>,
+) -> PyResult<Option<(i64, Bound<'py, PyList>)>> {
+    let tool = intern!(py, "TOOL");
+    // observed steps by (is a tool, key): ids as alignment.py's vocabulary gives them
+    let mut names: Vec<Bound<'py, PyString>> = Vec::with_capacity(observed.len());
+    let mut keys: Vec<(bool, Bound<'py, PyString>)> = Vec::with_capacity(observed.len());
+    for step in observed.iter() {
+        let Ok(name) = step.getattr(intern!(py, "name"))?.downcast_into::<PyString>() else {
+            return Ok(None);
+        };
+        let is_tool = step.getattr(intern!(py, "kind"))?.eq(tool)?;
+        let key = if is_tool {
+            let Ok(key) = normalise.call1((&name,))?.downcast_into::<PyString>() else {
+                return Ok(None);
+            };
+            key
+        } else {
+            name.clone()
+        };
+        names.push(name);
+        keys.push((is_tool, key));
+    }
+    let mut vocab: FnvMap<(bool, &str), i64> = FnvMap::default();
+    let mut obs: Vec<i64> = Vec::with_capacity(keys.len());
+    for (is_tool, key) in &keys {
+        let next = vocab.len() as i64;
+        obs.push(*vocab.entry((*is_tool, key.to_str()?)).or_insert(next));
+    }
+    let mut tokens: Vec<Bound<'py, PyString>> = Vec::with_capacity(expected.len());
+    let mut same: Vec<(i64, i64)> = Vec::with_capacity(expected.len());
+    for token in expected.iter() {
+        let Ok(token) = token.downcast_into::<PyString>() else {
+            return Ok(None);
+        };
+        let Ok(normalised) = normalise.call1((&token,))?.downcast_into::<PyString>() else {
+            return Ok(None);
+        };
+        let tool_id = vocab.get(&(true, normalised.to_str()?)).copied().unwrap_or(-1);
+        let agent_id = vocab.get(&(false, token.to_str()?)).copied().unwrap_or(-1);
+        same.push((tool_id, agent_id));
+        tokens.push(token);
+    }
+    let (distance, aligned) = align::bare_alignment(&same, &obs);
+    let none = py.None().into_bound(py);
+    let entries = PyList::empty(py);
+    for step in aligned {
+        let (op, token, index) = match step {
+            align::Aligned::Match(i, j) => (intern!(py, "match"), Some(i), Some(j)),
+            align::Aligned::Substitute(i, j) => (intern!(py, "substitute"), Some(i), Some(j)),
+            align::Aligned::Delete(i) => (intern!(py, "delete"), Some(i), None),
+            align::Aligned::Insert(j) => (intern!(py, "insert"), None, Some(j)),
+        };
+        let entry = PyDict::new(py);
+        entry.set_item(intern!(py, "op"), op)?;
+        match token {
+            Some(i) => entry.set_item(intern!(py, "expected"), &tokens[i])?,
+            None => entry.set_item(intern!(py, "expected"), &none)?,
+        }
+        match index {
+            Some(j) => {
+                entry.set_item(intern!(py, "actual"), &names[j])?;
+                entry.set_item(intern!(py, "observed_index"), j)?;
+            }
+            None => {
+                entry.set_item(intern!(py, "actual"), &none)?;
+                entry.set_item(intern!(py, "observed_index"), &none)?;
+            }
+        }
+        entries.append(entry)?;
+    }
+    Ok(Some((distance, entries)))
 }
 
 /// evaluator/pipeline.py's steps and trajectory of a partition's canonical spans (native/src/
@@ -856,14 +932,14 @@ fn crc32(data: &[u8], value: u32) -> u32 {
 fn _spancore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(index_request, m)?)?;
     m.add_function(wrap_pyfunction!(read_spans, m)?)?;
-    m.add_function(wrap_pyfunction!(bare_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(bare_entries, m)?)?;
     m.add_function(wrap_pyfunction!(crc32, m)?)?;
     m.add_function(wrap_pyfunction!(observe_spans, m)?)?;
     m.add_function(wrap_pyfunction!(partition_fields, m)?)?;
     m.add_function(wrap_pyfunction!(read_observe, m)?)?;
     m.add_class::<Selector>()?;
     m.add_class::<RequestSchema>()?;
-    m.add("ABI_VERSION", 4)?;
+    m.add("ABI_VERSION", 5)?;
     m.add("SPAN_FIELDS", FIELDS.to_vec())?;
     Ok(())
 }

@@ -7,7 +7,7 @@ was never built, a platform without a wheel, or STEPWATCH_NATIVE=0), the pure-Py
 instead with identical results (tests/native); `stepwatch serve` logs which at start-up, and
 STEPWATCH_NATIVE=1 turns a missing extension into an ImportError at start-up instead.
 
-`bare_rows` (evaluator/scorers/alignment.py's DP rows) and `observer` (evaluator/pipeline.py's steps
+`bare_entries` (evaluator/scorers/step_accuracy.py's group-free alignment entries) and `observer` (evaluator/pipeline.py's steps
 and trajectory of a partition's spans) are evaluator work the composition root hands to the
 evaluator (which imports nothing from here).
 
@@ -33,12 +33,12 @@ from stepwatch.evaluator.buffer import SpanRecord
 from stepwatch.evaluator.model import Span, Step, normalise_tool_name
 from stepwatch.evaluator.partitioning import PartitionDerived, PartitionFields
 from stepwatch.evaluator.pipeline import AttributeSelection, Observe, Observed
-from stepwatch.evaluator.scorers.alignment import BareRows
+from stepwatch.evaluator.scorers.step_accuracy import BareEntries
 from stepwatch.evaluator.steps import genai_tool_calls, unwrap_json
 from stepwatch.evaluator.trajectory import Trajectory, TrajectoryStep
 from stepwatch.evaluator.trajectory_build import STEP_FIELDS_SET, new_trajectory
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 """The interface version this binding speaks; an extension built for another one is not used."""
 ENV = "STEPWATCH_NATIVE"
 
@@ -147,10 +147,24 @@ def _request_schema() -> Any:
     return _core.RequestSchema(*schema_rows(ExportTraceServiceRequest.DESCRIPTOR))  # type: ignore[union-attr]
 
 
-def bare_rows() -> BareRows | None:
-    """The native `alignment.bare_rows` (the same rows), for the composition root to inject; None
-    without the extension."""
-    return _core.bare_rows if _core is not None else None  # type: ignore[no-any-return]
+def bare_entries() -> BareEntries | None:
+    """The native `step_accuracy.bare_entries` (the same distance and entries, native/src/align.rs
+    for the DP and its traceback), for the composition root to inject; None without the extension."""
+    if _core is None:
+        return None
+    native = _core.bare_entries
+
+    def entries(expected: Sequence[str], observed: Sequence[Step]) -> tuple[int, list[dict[str, Any]]] | None:
+        found = native(
+            expected if type(expected) is list else list(expected),
+            observed if type(observed) is list else list(observed),
+            normalise_tool_name,
+        )
+        if found is None:
+            FALLBACKS["bare_entries"] += 1
+        return found  # type: ignore[no-any-return]
+
+    return entries
 
 
 def observer() -> Observe | None:

@@ -27,9 +27,10 @@ with atheris.instrument_imports(include=["stepwatch"]):
     from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
     from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
+    from stepwatch.evaluator.model import Step
     from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES, build_partition, root_spans
     from stepwatch.evaluator.pipeline import scoring_attributes
-    from stepwatch.evaluator.scorers.alignment import bare_rows
+    from stepwatch.evaluator.scorers.step_accuracy import bare_entries
     from stepwatch.evaluator.steps import extract_steps_from_spans
     from stepwatch.evaluator.trajectory_build import build_trajectory_from_spans
     from stepwatch.receiver.codec import spancore
@@ -48,6 +49,7 @@ with atheris.instrument_imports(include=["stepwatch"]):
     from stepwatch.security.limits import LimitCounters
 
 core: Any = spancore._core
+entries_of = spancore.bare_entries()
 assert core is not None, spancore.STATUS
 SELECTION = scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES)
 SELECTOR = core.Selector(list(SELECTION.keys), list(SELECTION.prefixes))
@@ -117,12 +119,19 @@ def request(data: bytes) -> None:
 
 
 def rows(data: bytes) -> None:
-    """The alignment rows: bytes as (expected token ids, observed ids), native rows == Python's."""
+    """The group-free alignment: bytes as (expected names, observed steps) over a small vocabulary
+    with case and separator variants; native distance and entries == Python's."""
     half = data[0] % 16 if data else 0
-    tokens, steps = data[1 : 1 + 2 * half], data[1 + 2 * half :]
-    same = [(tokens[i] % 9 - 1, tokens[i + 1] % 9 - 1) for i in range(0, len(tokens) - 1, 2)]
-    obs = [b % 8 for b in steps[:200]]
-    assert core.bare_rows(same, obs) == bare_rows(same, obs)
+    tokens, steps = data[1 : 1 + half], data[1 + half :]
+    expected = [_ALIGN_NAMES[b % len(_ALIGN_NAMES)] for b in tokens]
+    observed = [
+        Step(_ALIGN_NAMES[b % len(_ALIGN_NAMES)], "TOOL" if b & 0x80 else "AGENT") for b in steps[:48]
+    ]
+    assert entries_of is not None
+    assert entries_of(expected, observed) == bare_entries(expected, observed)
+
+
+_ALIGN_NAMES = ("search", "Search", "fetch-url", "fetch_url", "plan", "book", "x")
 
 
 def crc(data: bytes) -> None:

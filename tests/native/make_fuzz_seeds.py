@@ -133,15 +133,15 @@ def main() -> None:
             Span.FromString(_span().SerializeToString() + _nested_attribute("n", 14))
         ),
     }
-    rows = {  # first byte: expected tokens (two id bytes each), then observed ids
+    rows = {  # first byte: expected names (one index byte each), then observed steps (high bit: TOOL)
         "empty": b"",
-        "no_expected": b"\x00\x01\x02\x03",
-        "no_observed": b"\x02\x01\x00\x02\x00",
-        "exact_run": b"\x03\x01\x00\x02\x00\x03\x00\x00\x01\x02",
-        "swapped": b"\x03\x01\x00\x02\x00\x03\x00\x01\x00\x02",
-        "agent_and_tool_ids": b"\x02\x01\x03\x00\x02\x02\x00\x01\x01\x02",
-        "long_observed": b"\x04\x01\x00\x02\x00\x03\x00\x04\x00" + bytes(range(8)) * 8,
-        "repeats": b"\x05" + b"\x01\x00" * 5 + b"\x00" * 9,
+        "no_expected": b"\x00\x80\x01\x82",
+        "no_observed": b"\x02\x00\x04",
+        "exact_run": b"\x03\x00\x02\x04\x80\x82\x04",
+        "swapped": b"\x03\x00\x02\x04\x82\x80\x04",
+        "case_and_separators": b"\x02\x01\x03\x80\x82\x00",
+        "long_observed": b"\x04\x00\x02\x04\x05" + bytes(range(0x80, 0x87)) * 7,
+        "repeats": b"\x05" + b"\x00" * 5 + b"\x80" * 9,
     }
     crc = {  # the first 4 bytes: the running value (little-endian), then the data
         "empty": b"",
