@@ -68,9 +68,11 @@ def _strict(expected: Sequence[str], observed: Sequence[Step]) -> tuple[list[dic
     return entries, correct
 
 
-def bare_entries(expected: Sequence[str], observed: Sequence[Step]) -> tuple[int, list[dict[str, Any]]]:
-    """(edit distance, the metadata's `steps` entries) of a group-free edit-distance alignment:
-    the reference an injected BareEntries must equal."""
+def bare_entries(
+    expected: Sequence[ExpectedStep], observed: Sequence[Step]
+) -> tuple[int, list[dict[str, Any]]]:
+    """(edit distance, the metadata's `steps` entries) of the edit-distance alignment; for
+    group-free `expected`, the reference an injected BareEntries must equal."""
     alignment = align(expected, observed)
     return alignment.distance, [_entry(s) for s in alignment.steps]
 
@@ -89,8 +91,7 @@ def _aligned(
         found = entries_of(expected, observed)  # type: ignore[arg-type]  # no groups
         if found is not None:
             return found
-    alignment = align(expected, observed)
-    return alignment.distance, [_entry(s) for s in alignment.steps]
+    return bare_entries(expected, observed)
 
 
 def step_accuracy(
