@@ -17,12 +17,14 @@ import os
 import time
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
-from typing import cast
+from typing import Generic, TypeVar
 
 from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 Labels = tuple[str, ...]
+ChildT = TypeVar("ChildT")
 
 
 def created_series_enabled() -> bool:
@@ -31,7 +33,7 @@ def created_series_enabled() -> bool:
     return os.environ.get("PROMETHEUS_DISABLE_CREATED_SERIES", "False").lower() not in ("true", "1", "t")
 
 
-class _Series:
+class _Series(Collector, Generic[ChildT]):
     """One metric family's children by label values (insertion order, as prometheus_client's)."""
 
     kind = ""
@@ -41,12 +43,18 @@ class _Series:
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
         self._created = created
-        self._children: dict[Labels, object] = {}
+        self._children: dict[Labels, ChildT] = {}
         if not self.labelnames:  # exposed from the start, as prometheus_client's unlabelled metrics
             self.child(())
 
-    def child(self, labels: Labels) -> object:
-        raise NotImplementedError
+    def child(self, labels: Labels) -> ChildT:
+        """The child for these label values, made (at zero) when new."""
+        found = self._children.get(labels)
+        if found is None:
+            if len(labels) != len(self.labelnames):
+                raise ValueError(f"{self.name} takes labels {self.labelnames}, got {labels!r}")
+            found = self._children[labels] = self._new_child()
+        return found
 
     def remove(self, *labels: str) -> None:
         """Drop one child's series (absent: nothing to do)."""
@@ -62,48 +70,38 @@ class _Series:
             self._samples(metric, dict(zip(self.labelnames, labels, strict=True)), child)
         return [metric]
 
-    def _samples(self, metric: Metric, labels: dict[str, str], child: object) -> None:
+    def _new_child(self) -> ChildT:
         raise NotImplementedError
 
-    def _check(self, labels: Labels) -> None:
-        if len(labels) != len(self.labelnames):
-            raise ValueError(f"{self.name} takes labels {self.labelnames}, got {labels!r}")
+    def _samples(self, metric: Metric, labels: dict[str, str], child: ChildT) -> None:
+        raise NotImplementedError
 
 
-class CounterSeries(_Series):
+class CounterSeries(_Series[list[float]]):
     """A counter family; a child is `[value, created]`, counted up with `child[0] += amount`."""
 
     kind = "counter"
 
-    def child(self, labels: Labels) -> list[float]:
-        """The child for these label values, made (at zero) when new."""
-        found = self._children.get(labels)
-        if found is None:
-            self._check(labels)
-            found = self._children[labels] = [0.0, time.time()]
-        return found  # type: ignore[return-value]
+    def _new_child(self) -> list[float]:
+        return [0.0, time.time()]
 
-    def _samples(self, metric: Metric, labels: dict[str, str], child: object) -> None:
-        value, created = cast("list[float]", child)
+    def _samples(self, metric: Metric, labels: dict[str, str], child: list[float]) -> None:
+        value, created = child
         metric.add_sample(self.name + "_total", labels, value)
         if self._created:
             metric.add_sample(self.name + "_created", labels, created)
 
 
-class GaugeSeries(_Series):
+class GaugeSeries(_Series[list[float]]):
     """A gauge family; a child is `[value]`, set with `child[0] = value`."""
 
     kind = "gauge"
 
-    def child(self, labels: Labels) -> list[float]:
-        found = self._children.get(labels)
-        if found is None:
-            self._check(labels)
-            found = self._children[labels] = [0.0]
-        return found  # type: ignore[return-value]
+    def _new_child(self) -> list[float]:
+        return [0.0]
 
-    def _samples(self, metric: Metric, labels: dict[str, str], child: object) -> None:
-        metric.add_sample(self.name, labels, cast("list[float]", child)[0])
+    def _samples(self, metric: Metric, labels: dict[str, str], child: list[float]) -> None:
+        metric.add_sample(self.name, labels, child[0])
 
 
 class Buckets:
@@ -125,7 +123,7 @@ class Buckets:
             self.counts[bisect_left(self.bounds, value)] += 1
 
 
-class HistogramSeries(_Series):
+class HistogramSeries(_Series[Buckets]):
     """A histogram family with fixed bounds (+Inf added last, as prometheus_client adds it)."""
 
     kind = "histogram"
@@ -149,15 +147,10 @@ class HistogramSeries(_Series):
         self._le = tuple(floatToGoString(b) for b in self.bounds)  # type: ignore[no-untyped-call]
         super().__init__(name, documentation, labelnames, created)
 
-    def child(self, labels: Labels) -> Buckets:
-        found = self._children.get(labels)
-        if found is None:
-            self._check(labels)
-            found = self._children[labels] = Buckets(self.bounds)
-        return found  # type: ignore[return-value]
+    def _new_child(self) -> Buckets:
+        return Buckets(self.bounds)
 
-    def _samples(self, metric: Metric, labels: dict[str, str], child: object) -> None:
-        assert isinstance(child, Buckets)
+    def _samples(self, metric: Metric, labels: dict[str, str], child: Buckets) -> None:
         counts, total, created = list(child.counts), child.sum, child.created
         cumulative = 0.0
         for le, count in zip(self._le, counts, strict=True):

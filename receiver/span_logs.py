@@ -60,8 +60,11 @@ class SpanLogs:
         self.kafka = kafka
         self.replay_grace = replay_grace
         self.max_hold = max_hold
-        self.decisions_per_record = decisions_per_record
         """No span stays in a partition longer than this: a WAL hold older than it was never released."""
+        if decisions_per_record < 1:
+            raise ValueError(f"decisions_per_record must be at least 1, got {decisions_per_record}")
+        self.decisions_per_record = decisions_per_record
+        """At most this many decisions share one decision-log record (DECISIONS_PER_RECORD)."""
         self._undecided: list[PartitionScores] = []  # delivered, decision not yet written (log full)
         self._delivering: list[PartitionScores] = []  # delivered this turn of the loop, not decided yet
         self._reopened: set[bytes] = set()  # traces rebuilt by the replay, held open until _reopened_due

@@ -7,9 +7,9 @@ was never built, a platform without a wheel, or STEPWATCH_NATIVE=0), the pure-Py
 instead with identical results (tests/native); `stepwatch serve` logs which at start-up, and
 STEPWATCH_NATIVE=1 turns a missing extension into an ImportError at start-up instead.
 
-`bare_entries` (evaluator/scorers/step_accuracy.py's group-free alignment entries) and `observer` (evaluator/pipeline.py's steps
-and trajectory of a partition's spans) are evaluator work the composition root hands to the
-evaluator (which imports nothing from here).
+`bare_entries` (evaluator/scorers/step_accuracy.py's group-free alignment entries) and `observer`
+(evaluator/pipeline.py's steps and trajectory of a partition's spans) are evaluator work the
+composition root hands to the evaluator (which imports nothing from here).
 
 Each function returns None where the Python path must decide (bytes the native reader does not
 handle, a Python callback that raised): the callers then run the pure-Python code, which gives

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from stepwatch.evaluator.accounting import SpanAccounting
@@ -18,7 +19,7 @@ from stepwatch.evaluator.clock import ManualClock
 from stepwatch.evaluator.ledger import pack_span_ids
 from stepwatch.evaluator.scores import PartitionScores
 from stepwatch.receiver.decision_log import DecisionLog
-from stepwatch.receiver.span_logs import SpanLogs
+from stepwatch.receiver.span_logs import DECISIONS_PER_RECORD, SpanLogs
 from stepwatch.receiver.wal import WalConfig, WriteAheadLog
 from stepwatch.receiver.wal_format import WalEntry
 from stepwatch.security.config import SecurityConfig
@@ -40,7 +41,9 @@ def _request(*span_ids: int, root: bool, trace: bytes = TRACE) -> ExportTraceSer
 
 
 class _Rig:
-    def __init__(self, tmp_path: Path, clock: ManualClock, grace: float = 0.0) -> None:
+    def __init__(
+        self, tmp_path: Path, clock: ManualClock, grace: float = 0.0, per_record: int = DECISIONS_PER_RECORD
+    ) -> None:
         self.accounting = SpanAccounting()
         self.buffer = PartitionBuffer(LIMITS, self.accounting, clock.monotonic)
         self.wal = WriteAheadLog(WalConfig(directory=tmp_path / "wal", fsync="never"))
@@ -58,6 +61,7 @@ class _Rig:
             wal=self.wal,
             decisions=self.decisions,
             replay_grace=grace,
+            decisions_per_record=per_record,
         )
 
     async def start(self) -> None:
@@ -133,8 +137,9 @@ async def test_partitions_delivered_in_one_turn_share_one_decision_record(tmp_pa
 
 
 async def test_a_large_delivery_is_split_into_records_of_at_most_the_cap(tmp_path: Path) -> None:
-    rig = _Rig(tmp_path, ManualClock())
-    rig.logs.decisions_per_record = 2
+    with pytest.raises(ValueError, match="decisions_per_record must be at least 1, got 0"):
+        _Rig(tmp_path / "refused", ManualClock(), per_record=0)
+    rig = _Rig(tmp_path, ManualClock(), per_record=2)
     await rig.start()
     traces = [bytes([n]) * 16 for n in range(1, 6)]
     for trace in traces:
