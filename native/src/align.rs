@@ -86,7 +86,10 @@ mod tests {
         // expected [a, b] (ids 0, 1), observed [b, a, b]: insert b, match a, match b
         let (distance, steps) = bare_alignment(&[(0, -1), (-1, 1)], &[1, 0, 1]);
         assert_eq!(distance, 1);
-        assert_eq!(steps, vec![Aligned::Insert(0), Aligned::Match(0, 1), Aligned::Match(1, 2)]);
+        assert_eq!(
+            steps,
+            vec![Aligned::Insert(0), Aligned::Match(0, 1), Aligned::Match(1, 2)]
+        );
         // nothing observed: every token deleted; nothing expected: every step inserted
         assert_eq!(bare_alignment(&[(0, -1)], &[]), (1, vec![Aligned::Delete(0)]));
         assert_eq!(bare_alignment(&[], &[3]), (1, vec![Aligned::Insert(0)]));
