@@ -82,7 +82,7 @@ otelcol:
 # Benchmarks are run on demand, never in CI; each prints medians and compares with its floor.
 bench: setup
 	$(BIN)/python bench/bench_step_accuracy.py
-	$(BIN)/python bench/bench_e2e.py --runs 3 --duration 10
+	$(BIN)/python bench/bench_e2e.py --runs 3
 	$(BIN)/python bench/bench_cpu.py --rounds 3 --no-wal-run
 	$(BIN)/python bench/bench_wal.py
 	$(BIN)/python bench/bench_decisions.py

@@ -48,7 +48,7 @@ SPANS_PER_REQUEST = 512
 WARMUP_S = 4.0
 """Seconds of load before the window opens: the first traces close (trace_idle_timeout 2 s) and
 scoring reaches its steady state."""
-IDLE_S = 5.0
+IDLE_S = 3.0
 """With --interleave, seconds each server's idle CPU is measured for before the load starts."""
 TRACE_IDLE_S = float(ROOTLESS_AS_IDLE["STEPWATCH_BUFFER__ROOTLESS_TRACE_IDLE_TIMEOUT"])
 """Serve's trace idle timeout in these runs (trace_idle_timeout's default, rootless traces alike)."""
@@ -59,6 +59,18 @@ def cpu_and_faults(pid: int) -> tuple[float, float, int]:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     tick = os.sysconf("SC_CLK_TCK")
     return int(fields[11]) / tick, int(fields[12]) / tick, int(fields[7])
+
+
+def run_seconds(pid: int) -> float:
+    """CPU seconds the process's live threads have run (schedstat, in ns: /proc/PID/stat counts in
+    10-ms ticks, too coarse for a few seconds of idling)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):  # a thread that ended meanwhile
+            continue
+    return total / 1e9
 
 
 class PacedSender:
@@ -221,14 +233,14 @@ def measure_together(
     try:
         for server in servers:
             started.append(server.start(bench))
-        before = [cpu_and_faults(proc.pid) for proc, _, _ in started]
+        before = [run_seconds(proc.pid) for proc, _, _ in started]
         time.sleep(IDLE_S)
-        after = [cpu_and_faults(proc.pid) for proc, _, _ in started]
+        after = [run_seconds(proc.pid) for proc, _, _ in started]
         sent = sender.run([(f"127.0.0.1:{port}", proc.pid) for proc, port, _ in started])
         extra_s = sender.window_seconds() - sender.seconds
         out: list[dict[str, object]] = []
         for k, (server, result, (_, _, metrics)) in enumerate(zip(servers, sent, started, strict=True)):
-            idle = (after[k][0] + after[k][1] - before[k][0] - before[k][1]) / IDLE_S
+            idle = (after[k] - before[k]) / IDLE_S
             corrected = float(result["cpu_us_per_span"]) - idle * extra_s / result["spans_in_window"] * 1e6
             figures = {
                 **result,

@@ -12,12 +12,17 @@ server pinned to --server-core with taskset):
     of the load) are the throughput figures, and the lower of the two is the end-to-end rate the
     server sustains (the scoring rate alone can be a backlog draining while clients are held); the
     whole-run rate also pays the final idle timeout.
+    Under overload the loadgen's four clients and the backlog gate fall into step: a few seconds of
+    ingest alone (nothing closes before trace_idle_timeout), then a few of scoring alone with the
+    clients held, a cycle of ~6 s. A window shorter than a few cycles measures where it falls in one
+    (the same build gave 43,656 spans/s end to end over 15 s and 53,809 over 60 s, minutes apart),
+    so --duration defaults to 60 s.
 Then, once each: last-span-to-score latency under a paced load (64-span requests at a fixed rate:
 2,000 spans/s, and half the measured end-to-end rate), and memory per buffered span (RSS delta /
 buffered spans, with timeouts long enough that nothing closes) against the average encoded span size.
 
 Prints one JSON line per measurement and a final summary line (medians, ratios).
-Usage: python bench/bench_e2e.py [--loadgen DIR] [--runs 3] [--duration 10]
+Usage: python bench/bench_e2e.py [--loadgen DIR] [--runs 3] [--duration 60]
 The loadgen lives outside the repository (default ../shared/tools/loadgen relative to the repo).
 """
 
@@ -386,7 +391,12 @@ def main() -> None:
         "--loadgen", default=str(DEFAULT_LOADGEN), help="directory of otlp_loadgen.py and sink_server.py"
     )
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds of load per throughput run")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=60.0,
+        help="seconds of load per throughput run (several ingest/score cycles of an overload)",
+    )
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--server-core", type=int, default=1)

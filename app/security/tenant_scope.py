@@ -73,7 +73,7 @@ class TenantExpectations:
 
     def __init__(self, files: dict[str, Path], load: Callable[[Path], ExpectationsStore]) -> None:
         self.files = dict(files)
-        self._stores: PerTenant[ExpectationsStore] = PerTenant({n: load(p) for n, p in files.items()})
+        self._set({n: load(p) for n, p in files.items()})
 
     def get(self, tenant: str) -> ExpectationsStore:
         return self._stores.get(Tenant(tenant)) or EMPTY_STORE
@@ -81,7 +81,13 @@ class TenantExpectations:
     def replace(self, tenant: str, store: ExpectationsStore) -> None:
         stores = {name: self.get(name) for name in self._stores.tenants()}
         stores[tenant] = store
-        self._stores = PerTenant(stores)
+        self._set(stores)
 
     def registered_anywhere(self, task_key: str) -> bool:
-        return any(task_key in self.get(name) for name in self._stores.tenants())
+        """Whether any tenant registers `task_key`: asked for every score event (the task-key cap),
+        so answered from one set kept with the stores, not by asking each tenant's store."""
+        return task_key in self._registered
+
+    def _set(self, stores: dict[str, ExpectationsStore]) -> None:
+        self._stores: PerTenant[ExpectationsStore] = PerTenant(stores)
+        self._registered = frozenset(key for store in stores.values() for key in store.task_keys)
