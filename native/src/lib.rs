@@ -463,10 +463,10 @@ fn read_spans<'py>(
     let limits = limits.map(Limits::new);
     let (payloads, origins) = record_parts(records)?;
     // parse everything first: bytes not handled here leave the work to Python before any callback
-    let Some(spans) = parse_all(&payloads) else {
+    let Some(parsed) = parse_all(&payloads) else {
         return Ok(None);
     };
-    let mut forced: Vec<bool> = vec![false; spans.len()];
+    let mut forced: Vec<bool> = vec![false; parsed.spans.len()];
     for item in full.iter() {
         if let Ok(i) = item.extract::<usize>() {
             if i < forced.len() {
@@ -475,8 +475,8 @@ fn read_spans<'py>(
         }
     }
     if let Some(limits) = limits {
-        for (i, (payload, span)) in payloads.iter().zip(&spans).enumerate() {
-            if !forced[i] && limits.touch(payload.as_bytes(), &span.attributes) {
+        for (i, (payload, span)) in payloads.iter().zip(&parsed.spans).enumerate() {
+            if !forced[i] && limits.touch(payload.as_bytes(), parsed.attributes(span)) {
                 forced[i] = true;
                 full.add(i)?;
             }
@@ -484,7 +484,7 @@ fn read_spans<'py>(
     }
     match build(
         py,
-        &spans,
+        &parsed,
         &payloads,
         &origins,
         selector,
@@ -526,8 +526,8 @@ fn record_parts<'py>(
 /// skips from field to field, so each field lands on a line the hardware prefetcher did not fetch.
 /// The next span's lines are requested while this one is parsed, so its misses overlap this work
 /// (a profile put half the parse on the load of each field's tag).
-fn parse_all<'a>(payloads: &'a [Bound<'_, PyBytes>]) -> Option<Vec<lean::LeanSpan<'a>>> {
-    let mut spans = Vec::with_capacity(payloads.len());
+fn parse_all<'a>(payloads: &'a [Bound<'_, PyBytes>]) -> Option<lean::Parsed<'a>> {
+    let mut parsed = lean::Parsed::with_capacity(payloads.len());
     if let Some(first) = payloads.first() {
         prefetch(first.as_bytes());
     }
@@ -535,9 +535,9 @@ fn parse_all<'a>(payloads: &'a [Bound<'_, PyBytes>]) -> Option<Vec<lean::LeanSpa
         if let Some(next) = payloads.get(i + 1) {
             prefetch(next.as_bytes());
         }
-        spans.push(lean::parse(payload.as_bytes()).ok()?);
+        parsed.push(payload.as_bytes()).ok()?;
     }
-    Some(spans)
+    Some(parsed)
 }
 
 /// Ask for every cache line of `bytes` (a hint: it reads nothing and cannot fault).
@@ -556,8 +556,8 @@ fn prefetch(bytes: &[u8]) {
 
 /// More distinct attribute keys than `max_attributes` (what the dict's len() counts): decoded
 /// whole, for the attributes-per-span limit.
-fn too_many(span: &lean::LeanSpan<'_>, max_attributes: usize) -> bool {
-    span.attributes.len() > max_attributes && lean::distinct_keys(&span.attributes) > max_attributes
+fn too_many(attributes: &[lean::Entry<'_>], max_attributes: usize) -> bool {
+    attributes.len() > max_attributes && lean::distinct_keys(attributes) > max_attributes
 }
 
 /// What the fused read (`read_observe`) keeps of each span besides its Span: the view the
@@ -570,7 +570,7 @@ struct Fused<'py> {
 #[allow(clippy::too_many_arguments)]
 fn build<'py, 'a>(
     py: Python<'py>,
-    spans: &[lean::LeanSpan<'a>],
+    parsed: &lean::Parsed<'a>,
     payloads: &[Bound<'py, PyBytes>],
     origins: &[Bound<'py, PyAny>],
     selector: &Selector,
@@ -595,7 +595,8 @@ fn build<'py, 'a>(
     // parents are spans of it (equal strings either way; only fewer of them are built)
     let mut ids: FnvMap<&'a [u8], Bound<'py, PyString>> = FnvMap::default();
     let empty = constants.empty.bind(py);
-    for (index, span) in spans.iter().enumerate() {
+    for (index, span) in parsed.spans.iter().enumerate() {
+        let span_attributes = parsed.attributes(span);
         let this = &origins[index];
         if !origin.is_some_and(|o| o.is(this)) {
             let pair = origin_of.call1((this,))?;
@@ -608,13 +609,13 @@ fn build<'py, 'a>(
             }
             origin = Some(this);
         }
-        let attributes = if forced[index] || too_many(span, max_attributes) {
+        let attributes = if forced[index] || too_many(span_attributes, max_attributes) {
             forced[index] = true;
             full.add(index)?;
             whole.call1((&payloads[index],))?
         } else {
             picked.clear();
-            for &(key, value) in &span.attributes {
+            for &(key, value) in span_attributes {
                 if selector.wants(key) {
                     match picked.iter_mut().find(|(k, _)| *k == key) {
                         Some(slot) => slot.1 = value, // the last value, at the first position
@@ -857,25 +858,26 @@ fn read_observe<'py>(
     let hooks = observe_hooks(py, hooks, step, trajectory_step)?;
     let maker = Maker::new(py, &py.None().into_bound(py), Some(model))?;
     let (payloads, origins) = record_parts(records)?;
-    let Some(spans) = parse_all(&payloads) else {
+    let Some(parsed) = parse_all(&payloads) else {
         return Ok(None);
     };
     let limits = Limits::new(limits);
     let limited = |(span, payload): (&lean::LeanSpan<'_>, &Bound<'py, PyBytes>)| {
-        limits.touch(payload.as_bytes(), &span.attributes) || too_many(span, max_attributes)
+        let attributes = parsed.attributes(span);
+        limits.touch(payload.as_bytes(), attributes) || too_many(attributes, max_attributes)
     };
-    if spans.iter().zip(&payloads).any(limited) {
+    if parsed.spans.iter().zip(&payloads).any(limited) {
         return Ok(None);
     }
     let mut fused = Fused {
-        views: Vec::with_capacity(spans.len()),
-        resources: Vec::with_capacity(spans.len()),
+        views: Vec::with_capacity(parsed.spans.len()),
+        resources: Vec::with_capacity(parsed.spans.len()),
     };
-    let mut forced = vec![false; spans.len()];
+    let mut forced = vec![false; parsed.spans.len()];
     let unused = PySet::empty(py)?;
     let Ok(out) = build(
         py,
-        &spans,
+        &parsed,
         &payloads,
         &origins,
         selector,
