@@ -26,7 +26,7 @@ minutes of the machine, and a round's figures are paired. Each server gets the f
 turns (per-request costs are those of the sequential runs), and the window is N times longer, so
 each server still receives --seconds of load in it.
 
-Usage: python bench/bench_cpu.py [--rate 10000] [--seconds 12] [--rounds 3] [--baseline STEPWATCH]
+Usage: python bench/bench_cpu.py [--rate 10000] [--seconds 12] [--warmup 15] [--rounds 3] [--baseline STEPWATCH]
                                  [--interleave [--slice 0.25]]
 """
 
@@ -45,9 +45,12 @@ from pathlib import Path
 from bench_e2e import DEFAULT_LOADGEN, ROOTLESS_AS_IDLE, STEPWATCH, Bench, metric_sum
 
 SPANS_PER_REQUEST = 512
-WARMUP_S = 4.0
-"""Seconds of load before the window opens: the first traces close (trace_idle_timeout 2 s) and
-scoring reaches its steady state."""
+WARMUP_S = 15.0
+"""Default seconds of load before the window opens: the first traces close (trace_idle_timeout
+2 s), and serve's memory reaches its plateau: it keeps the spans of closed partitions for late-span
+revisions up to buffer.max_retained_spans (100,000, ~10 s of this load), and until then every new
+span is first-touched memory (page faults at ~3.5 us a 4-KiB page on this VM) that a long-running
+serve no longer pays (0.42 faults a span after a 4-s warmup, 0.32 after 20 s: glibc returning freed heap)."""
 IDLE_S = 3.0
 """With --interleave, seconds each server's idle CPU is measured for before the load starts."""
 TRACE_IDLE_S = float(ROOTLESS_AS_IDLE["STEPWATCH_BUFFER__ROOTLESS_TRACE_IDLE_TIMEOUT"])
@@ -77,10 +80,11 @@ class PacedSender:
     """Sends the batches at `spans_per_s` (one call at a time) and notes CPU and spans sent when
     the window opens and closes."""
 
-    def __init__(self, batches: list[bytes], spans_per_s: float, seconds: float) -> None:
+    def __init__(self, batches: list[bytes], spans_per_s: float, seconds: float, warmup: float) -> None:
         self.batches = batches
         self.interval = SPANS_PER_REQUEST / spans_per_s
         self.seconds = seconds
+        self.warmup = warmup
 
     def run(self, target: str, pid: int) -> dict[str, float]:
         import grpc
@@ -93,9 +97,9 @@ class PacedSender:
             start = time.monotonic()
             for i, batch in enumerate(self.batches[1:]):
                 elapsed = i * self.interval
-                if elapsed >= WARMUP_S and "open" not in marks:
+                if elapsed >= self.warmup and "open" not in marks:
                     marks["open"] = (cpu_and_faults(pid), sent)
-                if elapsed >= WARMUP_S + self.seconds:
+                if elapsed >= self.warmup + self.seconds:
                     marks["close"] = (cpu_and_faults(pid), sent)
                     break
                 time.sleep(max(0.0, start + elapsed - time.monotonic()))
@@ -127,10 +131,13 @@ class InterleavedSender:
     batches in the same order to each), and notes every server's CPU and spans sent when the window
     opens and closes (`--interleave`)."""
 
-    def __init__(self, batches: list[bytes], spans_per_s: float, seconds: float, slice_s: float) -> None:
+    def __init__(
+        self, batches: list[bytes], spans_per_s: float, seconds: float, warmup: float, slice_s: float
+    ) -> None:
         self.batches = batches
         self.interval = SPANS_PER_REQUEST / spans_per_s
         self.seconds = seconds
+        self.warmup = warmup
         self.slice = slice_s
         self.marked: list[float] = []
         """When the last run's window opened and closed (monotonic seconds)."""
@@ -157,12 +164,14 @@ class InterleavedSender:
                 self.marked.append(time.monotonic())
                 return [(cpu_and_faults(pid), sent[k]) for k, (_, pid) in enumerate(targets)]
 
-            window_end = WARMUP_S + self.seconds * n  # each server is sent to 1/n of the time
+            # each server is sent to 1/n of the time: the warmup and the window are n times as long
+            window_open = self.warmup * n
+            window_end = window_open + self.seconds * n
             opened: list[tuple[tuple[float, float, int], int]] | None = None
             start = time.monotonic()
             for i in itertools.count():
                 elapsed = i * self.interval
-                if elapsed >= WARMUP_S and opened is None:
+                if elapsed >= window_open and opened is None:
                     opened = marks()
                 if elapsed >= window_end:
                     closed = marks()
@@ -260,6 +269,12 @@ def main() -> None:
     parser.add_argument("--loadgen", default=str(DEFAULT_LOADGEN))
     parser.add_argument("--rate", type=float, default=10_000.0, help="spans/s offered to every server")
     parser.add_argument("--seconds", type=float, default=12.0, help="length of the measured window")
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=WARMUP_S,
+        help="seconds of load each server gets before the window (serve's retained spans reach their cap)",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--server-core", type=int, default=1)
@@ -283,14 +298,16 @@ def main() -> None:
         "--slice", type=float, default=0.25, help="with --interleave: seconds of each server's turn"
     )
     args = parser.parse_args()
-    if args.rate <= 0 or args.seconds <= 0 or args.rounds < 1 or args.slice <= 0:
-        parser.error("--rate, --seconds and --slice must be positive and --rounds at least 1")
+    if args.rate <= 0 or args.seconds <= 0 or args.rounds < 1 or args.slice <= 0 or args.warmup < 0:
+        parser.error(
+            "--rate, --seconds and --slice must be positive, --warmup not negative, --rounds at least 1"
+        )
     args.concurrency, args.duration = 1, args.seconds  # Bench's loadgen settings (only --no-send runs here)
     if hasattr(os, "sched_setaffinity"):  # the sender runs in this process: on the client core
         os.sched_setaffinity(0, {args.client_core})
     bench = Bench(args)
     bench.write_expectations()
-    traces = int(args.rate * (WARMUP_S + args.seconds + 2) / 15) + 100  # ~16 spans a trace
+    traces = int(args.rate * (args.warmup + args.seconds + 2) / 15) + 100  # ~16 spans a trace
     batches = bench.paced_batches(SPANS_PER_REQUEST, traces)
     servers = [Server("sink_count", mode="count"), Server("sink_walk", mode="walk"), Server("stepwatch")]
     if args.no_wal_run:
@@ -310,10 +327,10 @@ def main() -> None:
     rounds: dict[str, list[dict[str, object]]] = {server.label: [] for server in servers}
     for run in range(args.rounds):
         if args.interleave:
-            together = InterleavedSender(batches, args.rate, args.seconds, args.slice)
+            together = InterleavedSender(batches, args.rate, args.seconds, args.warmup, args.slice)
             results = measure_together(bench, together, servers)
         else:
-            sender = PacedSender(batches, args.rate, args.seconds)
+            sender = PacedSender(batches, args.rate, args.seconds, args.warmup)
             results = [measure_one(bench, sender, server) for server in servers]
         for result in results:
             result = {**result, "run": run}

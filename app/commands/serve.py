@@ -208,11 +208,13 @@ async def run_until_signalled(service: Service, ready: Callable[[], None] = lamb
 def run(args: argparse.Namespace) -> int:
     import asyncio
     import gc
+    import os
     from pathlib import Path
 
     from stepwatch.cli import UsageError
     from stepwatch.config import ConfigError, load_config
     from stepwatch.evaluator.expectations.store import ExpectationsError
+    from stepwatch.heap import keep_freed_heap
     from stepwatch.logs import configure as configure_logging
     from stepwatch.security import AuthConfigError, TLSConfigError
 
@@ -227,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
         config = config.model_copy(update={"durability": durability})
     configure_logging(config.logging)
     gc.set_threshold(*GC_THRESHOLDS)  # the process's, so set by its owner: an embedded Service leaves it
+    keep_freed_heap(os.environ)  # likewise
 
     async def main() -> int:
         from stepwatch.service import Service
