@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -315,9 +316,9 @@ class EvaluationEngine:
     def process_all(self, closed: list[ClosedPartition]) -> list[_Scored]:
         """Score these partitions and the sessions they complete; a failure is accounted, not raised."""
         outputs: list[_Scored] = []
-        queue = list(closed)
+        queue = deque(closed)  # a sweep may close thousands: list.pop(0) would be quadratic
         while queue:
-            item = queue.pop(0)
+            item = queue.popleft()
             try:
                 scored, more = self._process(item)
             except Exception:  # a bug in decoding/partitioning: account the spans, go on
