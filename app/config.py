@@ -25,6 +25,7 @@ from stepwatch.evaluator.judge.settings import JudgeServiceConfig
 from stepwatch.evaluator.ledger import LedgerLimits
 from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES
 from stepwatch.evaluator.suggest import did_you_mean
+from stepwatch.event_loop import ENV_EVENT_LOOP
 from stepwatch.exporters.config import (
     KafkaExporterConfig,
     OtelEventsExporterConfig,
@@ -39,11 +40,12 @@ ENV_PREFIX = "STEPWATCH_"
 ENV_CONFIG_FILE = "STEPWATCH_CONFIG"
 """Environment variable naming the config file (the `--config` flag wins)."""
 ENV_NOT_SETTINGS = frozenset(
-    {ENV_CONFIG_FILE, "STEPWATCH_AUTH_TOKENS", "STEPWATCH_METRICS_TOKENS", "STEPWATCH_NATIVE"}
+    {ENV_CONFIG_FILE, "STEPWATCH_AUTH_TOKENS", "STEPWATCH_METRICS_TOKENS", "STEPWATCH_NATIVE", ENV_EVENT_LOOP}
 )
 """STEPWATCH_* variables that are not config keys: the config file name, the token sources
 (read by the authenticators, never parsed into the config, so tokens cannot leak via check-config)
-and the native span core switch (receiver/codec/spancore.py, read at import)."""
+the native span core switch (receiver/codec/spancore.py, read at import) and serve's event loop
+(app/event_loop.py)."""
 
 K8S_SERVICE_LINK = re.compile(
     r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*_(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?"

@@ -39,7 +39,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("export", ("exporters/", "delivery.py", "prometheus")),
     ("service", ("service.py",)),
-    ("grpc_asyncio", ("grpc", "asyncio", "selectors")),
+    ("grpc_asyncio", ("grpc", "asyncio", "uvloop", "selectors")),
 )
 
 

@@ -208,12 +208,14 @@ async def run_until_signalled(service: Service, ready: Callable[[], None] = lamb
 def run(args: argparse.Namespace) -> int:
     import asyncio
     import gc
+    import logging
     import os
     from pathlib import Path
 
     from stepwatch.cli import UsageError
     from stepwatch.config import ConfigError, load_config
     from stepwatch.evaluator.expectations.store import ExpectationsError
+    from stepwatch.event_loop import EventLoopError, loop_factory
     from stepwatch.heap import keep_freed_heap
     from stepwatch.logs import configure as configure_logging
     from stepwatch.security import AuthConfigError, TLSConfigError
@@ -228,6 +230,11 @@ def run(args: argparse.Namespace) -> int:
         durability = config.durability.model_copy(update={"data_dir": Path(EMBEDDED_DATA_DIR)})
         config = config.model_copy(update={"durability": durability})
     configure_logging(config.logging)
+    try:
+        new_loop, loop_name = loop_factory(os.environ)
+    except EventLoopError as exc:
+        raise UsageError(str(exc)) from None
+    logging.getLogger("stepwatch").info("event loop: %s", loop_name)
     gc.set_threshold(*GC_THRESHOLDS)  # the process's, so set by its owner: an embedded Service leaves it
     keep_freed_heap(os.environ)  # likewise
 
@@ -241,4 +248,5 @@ def run(args: argparse.Namespace) -> int:
         await run_until_signalled(service)
         return 0
 
-    return asyncio.run(main())
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        return runner.run(main())

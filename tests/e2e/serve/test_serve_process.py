@@ -15,9 +15,14 @@ from shared_paths import REPO
 pytestmark = pytest.mark.slow
 
 
-def test_sigterm_drains_every_buffered_partition_and_exits_0(tmp_path, agent) -> None:
+@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
+def test_sigterm_drains_every_buffered_partition_and_exits_0(tmp_path, agent, event_loop: str) -> None:
     expectations = REPO / "examples" / "expectations.yaml"
-    env = serve_env(STEPWATCH_BUFFER__SESSION_IDLE_TIMEOUT="120", STEPWATCH_BUFFER__SWEEP_INTERVAL="0.02")
+    env = serve_env(
+        STEPWATCH_BUFFER__SESSION_IDLE_TIMEOUT="120",
+        STEPWATCH_BUFFER__SWEEP_INTERVAL="0.02",
+        STEPWATCH_EVENT_LOOP=event_loop,
+    )
     serve = start_serve("--expectations", str(expectations), "--trace-idle-timeout", "120", env=env)
     try:
         agent.send("grpc", f"127.0.0.1:{serve.grpc}", agent.demo_runs())
@@ -30,6 +35,7 @@ def test_sigterm_drains_every_buffered_partition_and_exits_0(tmp_path, agent) ->
     finally:
         code, err = serve.stop(signal.SIGTERM)
     assert code == 0, err
+    assert f"event loop: {event_loop}" in err
     assert f"listening on 127.0.0.1:{serve.grpc}" in err and f"127.0.0.1:{serve.http}/v1/traces" in err
     assert "drained: 14 span(s) received, 0 replayed, 14 scored, 0 rejected, 0 duplicate, 0 late" in err
 
@@ -46,6 +52,10 @@ def test_bad_config_exits_2_with_the_key_and_source(tmp_path) -> None:
     env = {**os.environ, "STEPWATCH_RECEIVERS__GRPC__ENDPOINT": "nonsense"}
     done = subprocess.run([STEPWATCH, "check-config"], capture_output=True, text=True, timeout=30, env=env)
     assert done.returncode == 2 and "from STEPWATCH_RECEIVERS__GRPC__ENDPOINT" in done.stderr
+    env = {**os.environ, "STEPWATCH_EVENT_LOOP": "tokio"}
+    done = subprocess.run([STEPWATCH, "serve"], capture_output=True, text=True, timeout=30, env=env)
+    assert done.returncode == 2
+    assert "STEPWATCH_EVENT_LOOP='tokio': expected one of auto, uvloop, asyncio" in done.stderr
 
 
 @pytest.mark.parametrize(
