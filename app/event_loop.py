@@ -9,11 +9,7 @@ embedded Service runs on whatever loop its owner gives it.
 from __future__ import annotations
 
 import asyncio
-import importlib
-import logging
 from collections.abc import Callable, Mapping
-
-log = logging.getLogger(__name__)
 
 ENV_EVENT_LOOP = "STEPWATCH_EVENT_LOOP"
 """`auto` (the default: uvloop when it imports, else asyncio's), `uvloop` (an error at start-up
@@ -34,11 +30,9 @@ def loop_factory(environ: Mapping[str, str]) -> tuple[Callable[[], asyncio.Abstr
     if choice == "asyncio":
         return asyncio.new_event_loop, "asyncio"
     try:
-        uvloop = importlib.import_module("uvloop")
+        import uvloop
     except ImportError as exc:
         if choice == "uvloop":
             raise EventLoopError(f"{ENV_EVENT_LOOP}=uvloop: cannot import uvloop ({exc})") from None
-        log.info("event loop: uvloop is not installed, running on asyncio's (%s)", exc)
-        return asyncio.new_event_loop, "asyncio"
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory, f"uvloop {uvloop.__version__}"
+        return asyncio.new_event_loop, f"asyncio (uvloop not installed: {exc})"
+    return uvloop.new_event_loop, f"uvloop {uvloop.__version__}"
