@@ -54,8 +54,9 @@ define unpack_debian_tools
 	@for tool in $(2); do ln -sf "$(abspath $(DEBS))/root/usr/bin/$$tool" "$(BIN)/$$tool"; done
 endef
 
+# Flags pass through: make serve ARGS="--expectations examples/expectations.yaml".
 serve: runtime
-	$(BIN)/stepwatch serve
+	$(BIN)/stepwatch serve $(ARGS)
 
 # The real model server of tests/evaluator/judge/test_real_judge.py (a test fixture, never a runtime
 # dependency): llama.cpp's llama-server built once from the source vendored in the pinned

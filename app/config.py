@@ -290,6 +290,16 @@ class ServiceConfig(Section):
             )
         return self
 
+    def locked_data_dir(self) -> Path | None:
+        """The data dir when a log lives in it (the WAL and decision log, or the default Kafka spool):
+        one process at a time may open it (stepwatch.data_dir). None when nothing does."""
+        data_dir = self.durability.data_dir
+        if data_dir is None:
+            return None
+        kafka = self.kafka_exporter()
+        spool_inside = kafka.enabled and data_dir.resolve() in kafka.spool.directory.resolve().parents
+        return data_dir if self.durability.wal_config() is not None or spool_inside else None
+
     def kafka_exporter(self) -> KafkaExporterConfig:
         """exporters.kafka, with the spool in DATA_DIR/kafka-spool when durability.data_dir is set and
         the spool directory was not given explicitly (so all state lives in one volume)."""
@@ -374,6 +384,8 @@ def load_config(
     if path is None and environ.get(ENV_CONFIG_FILE):
         path = Path(environ[ENV_CONFIG_FILE])
     file_data = read_config_file(path) if path is not None else {}
+    if path is not None:
+        _check_is_config(path, file_data)
     data = file_data
     env_tree, env_origin = env_overrides(environ)
     data = merge(data, env_tree)
@@ -399,6 +411,21 @@ def load_config(
                 message = f"unknown key{hint} (allowed here: {', '.join(allowed)})"
             lines.append(f"{key} (from {_source(loc, origins)}): {message}")
         raise ConfigError("\n".join(lines)) from None
+
+
+def _check_is_config(path: Path, data: Mapping[str, Any]) -> None:
+    """A file with no config section at all is named for what it is (an expectations file, task
+    keys without `tasks:`, neither) in one line, rather than an `unknown key` line per key."""
+    from stepwatch.expectations_file import looks_like_config, not_an_expectations_file
+
+    if not data or looks_like_config(data):
+        return
+    if "tasks" in data:
+        raise ConfigError(
+            f"{path}: an expectations file (top-level `tasks:`), not a service config: give it with "
+            "--expectations FILE (or `expectations.file` in the config)"
+        )
+    raise ConfigError(not_an_expectations_file(str(path), data))
 
 
 def _env_hint(name: str) -> str:

@@ -30,12 +30,13 @@ from stepwatch.evaluator.judge.factory import build_runner
 from stepwatch.evaluator.judge.runner import JudgeRunner
 from stepwatch.evaluator.ledger import DecisionLedger
 from stepwatch.evaluator.model import Partition
+from stepwatch.evaluator.pipeline import scoring_attributes
 from stepwatch.evaluator.scorers.judge_registration import judge_scorer_entries
 from stepwatch.evaluator.scorers.registry import ScorerEntry, ScorerRegistry
 from stepwatch.evaluator.scorers.step_accuracy import METRIC as STEP_ACCURACY
 from stepwatch.evaluator.scorers.step_accuracy import StepAccuracyScorer
 from stepwatch.exporters.base import ExpectationsFollower, FanOutExporter, ScoreExporter, capabilities_of
-from stepwatch.exporters.events import root_span_id
+from stepwatch.exporters.events import ordered_root_span_id
 from stepwatch.exporters.judge_metrics import JudgeCollector
 from stepwatch.exporters.private_sink import PrivateSink
 from stepwatch.exporters.prometheus import PrometheusExporter
@@ -55,8 +56,10 @@ from stepwatch.receiver.span_logs import SpanLogs
 from stepwatch.receiver.wal import WalConfig, WriteAheadLog
 
 from .config import ServiceConfig, parse_endpoint
+from .data_dir import DataDirLock
 from .debug_pages import DebugPages
 from .delivery import DeliveryTracker
+from .expectations_file import load_expectations_file
 from .expectations_watch import ExpectationsWatcher
 from .security import (
     DEFAULT_TENANT,
@@ -74,7 +77,7 @@ from .security import (
     server_ssl_context,
 )
 from .security.auth import TENANT_KEY
-from .security.limits import guard, load_bounded_expectations
+from .security.limits import guard
 from .security.tenant_scope import TenantExpectations, TenantScope
 
 log = logging.getLogger("stepwatch")
@@ -221,9 +224,7 @@ class Service:
             tracker = DeliveryTracker(len(sinks), self.logs.delivered)
             sinks = [tracker.wrap(sink) for sink in sinks]
         self.fanout = FanOutExporter(sinks, config.exporters.queue_size)
-        self.telemetry.watch_ingest(
-            self.accounting, self.buffer, self.backlog, lambda: dict(self.fanout.dropped)
-        )
+        self.telemetry.watch_ingest(self.buffer, self.backlog, lambda: dict(self.fanout.dropped))
         self.telemetry.watch_native(spancore.AVAILABLE, lambda: dict(spancore.FALLBACKS))
         self.watcher: ExpectationsWatcher | None = None
         self.tenant_watchers: list[ExpectationsWatcher] = []
@@ -302,6 +303,8 @@ class Service:
                 middlewares=[admin_auth_middleware(admin)] if admin.enabled else (),
                 routes=self.debug.routes(),
             )
+        # read before the per-span caps apply to the rest (security/limits.py limit_span_attributes)
+        scoring_reads = scoring_attributes(tuple(config.partitioning.task_key_attributes))
         self.engine = EvaluationEngine(
             self.buffer,
             self.scorers,
@@ -315,7 +318,7 @@ class Service:
                 tenant_attribute=self.policy.enabled,
             ),
             decode=lambda records, selection: decode_limited(
-                records, selection, self.limits, self.limit_meter, self._origins
+                records, selection, self.limits, self.limit_meter, self._origins, scoring_reads
             ),
             tenants=self.scope,
             expectations=self.tenant_expectations.get,
@@ -330,19 +333,53 @@ class Service:
             decode_observed=ObservedReader(self.limits, self._origins) if spancore.AVAILABLE else None,
         )
         self._sweeper: asyncio.Task[None] | None = None
+        self._data_dir_lock: DataDirLock | None = None
+        # cleared while `start` replays the WAL: receivers hold requests until then (open otherwise,
+        # so a Service driven without `start`, as tests and embedders do, takes spans at once)
+        self._opened = asyncio.Event()
+        self._opened.set()
+        self.ingestor.opened = self._opened
         self._started = False
         self._stopping = False
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Lock the data dir, bind every port, then replay the write-ahead log and open the receivers.
+
+        Whatever can refuse to start (another process on the data dir, a port in use) is checked
+        before the log is read; requests that arrive during the replay wait for it. On failure,
+        what was started is stopped again (nothing is drained or scored) and the error raised."""
+        try:
+            await self._start()
+        except BaseException:
+            await self._abort_start()
+            raise
+
+    async def _start(self) -> None:
+        self._opened.clear()
         log.log(logging.INFO if spancore.AVAILABLE else logging.WARNING, "span decoding: %s", spancore.STATUS)
+        data_dir = self.config.locked_data_dir()
+        if data_dir is not None:
+            self._data_dir_lock = DataDirLock.acquire(data_dir)  # before any log under it is read
         await self.fanout.start()
         if self.metrics_server is not None:
             await self.metrics_server.start()
             log.info(
                 "metrics listening on http://%s/metrics (/healthz, /readyz)",
                 self._addr(self.metrics_server.port, self.config.exporters.prometheus.endpoint),
+            )
+        if self.grpc is not None:
+            await self.grpc.start()
+            log.info(
+                "OTLP/gRPC receiver listening on %s",
+                self._addr(self.grpc.port, self.config.receivers.grpc.endpoint),
+            )
+        if self.http is not None:
+            await self.http.start()
+            log.info(
+                "OTLP/HTTP receiver listening on http://%s/v1/traces",
+                self._addr(self.http.port, self.config.receivers.http.endpoint),
             )
         for watcher in (self.watcher, *self.tenant_watchers):
             if watcher is not None:
@@ -357,25 +394,51 @@ class Service:
         if self.kafka_ingest is not None:
             await self.kafka_ingest.start()
             log.info("Kafka receiver consuming %s", self.config.receivers.kafka.topic)
-        if self.grpc is not None:
-            await self.grpc.start()
-            log.info(
-                "OTLP/gRPC receiver listening on %s",
-                self._addr(self.grpc.port, self.config.receivers.grpc.endpoint),
-            )
-        if self.http is not None:
-            await self.http.start()
-            log.info(
-                "OTLP/HTTP receiver listening on http://%s/v1/traces",
-                self._addr(self.http.port, self.config.receivers.http.endpoint),
-            )
         log.info(
             "expectations: %s",
             f"{len(self.expectations)} task key(s) from {self.config.expectations.file}"
             if self.config.expectations.file
             else "none (unmatched partitions get the expectation-free scorers)",
         )
+        self._opened.set()
         self._started = True
+
+    async def _abort_start(self) -> None:
+        """Undo a start that failed part way: stop what listens or runs, score and delete nothing."""
+        self._stopping = True
+        self.ingestor.closing = True
+        self._opened.set()  # requests held at the gate are answered (unavailable), not left hanging
+        if self.kafka_ingest is not None:
+            with contextlib.suppress(Exception):
+                await self.kafka_ingest.stop()
+        for receiver in (self.grpc, self.http):
+            if receiver is not None:
+                with contextlib.suppress(Exception):
+                    await receiver.shutdown()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        for watcher in (self.watcher, *self.tenant_watchers):
+            if watcher is not None:
+                with contextlib.suppress(Exception):
+                    await watcher.shutdown()
+        with contextlib.suppress(Exception):
+            await self.fanout.shutdown()
+        for span_log in (self.decisions.log if self.decisions else None, self.wal):
+            if span_log is not None:  # closes its files; holds stay, so a later start replays all
+                with contextlib.suppress(Exception):
+                    await span_log.stop()
+        if self.metrics_server is not None:
+            with contextlib.suppress(Exception):
+                await self.metrics_server.shutdown()
+        self.engine.shutdown()
+        self._release_data_dir()
+
+    def _release_data_dir(self) -> None:
+        if self._data_dir_lock is not None:
+            self._data_dir_lock.release()
+            self._data_dir_lock = None
 
     @staticmethod
     def _addr(port: int, endpoint: str) -> str:
@@ -437,13 +500,14 @@ class Service:
         if self.metrics_server is not None:
             await self.metrics_server.shutdown()
         self.engine.shutdown()
+        self._release_data_dir()
         acc = self.accounting
         log.info(
             "drained: %d span(s) received, %d replayed, %d scored, %d rejected, %d duplicate, %d late",
             sum(acc.received.values()),
             acc.replayed,
             acc.scored,
-            sum(acc.rejected.values()) + acc.scoring_errors,
+            sum(acc.rejected_by_reason().values()),
             sum(acc.duplicates.values()),
             acc.late,
         )
@@ -472,21 +536,20 @@ class Service:
         self.logs.sweep()
 
     def _stream_attributes(self, partition: Partition) -> dict[str, str]:
-        """The first trace's root span, where the OTel evaluation events and ScoreEvents point."""
-        if not self.streams:
-            return {}
+        """The first trace's root span, where the OTel evaluation events, ScoreEvents and the
+        Prometheus score exemplars point (the exporter is always on, so always computed)."""
         first = (
             partition.trace_ids[0]
             if partition.trace_ids
             else (partition.id if partition.type == "trace" else None)
         )
-        span_id = root_span_id(partition, first)
+        span_id = ordered_root_span_id(partition, first)
         return {ROOT_SPAN_ATTRIBUTE: span_id} if span_id else {}
 
     # -- expectations and auth --------------------------------------------------------------------
 
     def _load_expectations(self, path: Path) -> ExpectationsStore:
-        return load_bounded_expectations(path, self.scorers.check_names, self.limits, self.limit_meter)
+        return load_expectations_file(path, self.limits, self.scorers, self.limit_meter)
 
     def _expectations_loaded(self, store: ExpectationsStore, tenant: str = DEFAULT_TENANT.name) -> None:
         self.tenant_expectations.replace(tenant, store)
@@ -508,7 +571,11 @@ def _native_scorer_entries() -> dict[str, ScorerEntry]:
     entries_of = spancore.bare_entries()
     if entries_of is None:
         return {}
-    return {STEP_ACCURACY: ScorerEntry(lambda expectation: StepAccuracyScorer(entries_of))}
+    return {
+        STEP_ACCURACY: ScorerEntry(
+            lambda expectation: StepAccuracyScorer.for_expectation(expectation, entries_of)
+        )
+    }
 
 
 def _decision_log_config(wal: WalConfig) -> WalConfig:

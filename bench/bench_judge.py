@@ -163,7 +163,12 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", default=BENCH_MODEL, choices=sorted(MODELS))
-    parser.add_argument("--split", default="test", choices=("dev", "test", "all"))
+    parser.add_argument(
+        "--split",
+        default="test",
+        choices=("dev", "test", "all", "heldout"),
+        help="heldout: data/paraphrase_heldout.json (30 trajectories, never tuned on)",
+    )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument(
         "--no-grammar", action="store_true", help="free-form answers (as OpenAI/vLLM without guides)"
@@ -181,11 +186,13 @@ def main() -> int:
     args = parser.parse_args()
 
     data = json.loads(DATA.read_text())
+    if args.split == "heldout":
+        data = json.loads((DATA.parent / "paraphrase_heldout.json").read_text())
     items = data["dev"] + data["test"] if args.split == "all" else data[args.split]
     config = dict(
         timeout_s=args.timeout,
         max_retries=0,
-        answer_grammar=not args.no_grammar,
+        decoding="none" if args.no_grammar else "gbnf",
         max_concurrency=1,
         prompt_version=args.prompt,
     )

@@ -610,7 +610,7 @@ class PartitionBuffer:
                 session.trace_ids.append(trace_id)
                 self._buffered -= len(records)
                 if session.limited:
-                    self.accounting.rejected["limit"] += len(records)
+                    self.accounting.routed_over_limit += len(records)  # a worker: not `rejected`
                 else:
                     self.accounting.late += len(records)
                     self._late(session, records, now)
@@ -682,11 +682,29 @@ class PartitionBuffer:
             self._buffered -= dropped
         return dropped
 
-    def done(self, closed: ClosedPartition) -> None:
-        """The worker finished scoring `closed`: its spans no longer count as buffered."""
-        if closed.new_spans:
-            with self._lock:
-                self._buffered -= closed.new_spans
+    def done(self, closed: ClosedPartition, *, matched: bool = True, failed: bool = False) -> None:
+        """The worker finished `closed`: its spans leave `buffered` and are counted scored (`matched`:
+        an expectation was registered for it) or, `failed`, scoring errors. One critical section, under
+        the lock this method took already: the scoring workers never race on these counters, and
+        scored and buffered move together (evaluator/accounting.py)."""
+        acc = self.accounting
+        spans = closed.new_spans
+        with self._lock:
+            self._buffered -= spans
+            if failed:
+                acc.scoring_errors += spans
+                return
+            if closed.revision == 0:
+                acc.scored += spans
+                if not matched:
+                    acc.unmatched[closed.partition_type] += 1
+            acc.closed[(closed.partition_type, closed.reason)] += 1
+
+    def accounting_snapshot(self) -> tuple[SpanAccounting, int]:
+        """A copy of the span accounting and the buffered span count, taken together. Called on the
+        event loop (the only writer of the rest) it is exact: received + replayed = settled + buffered."""
+        with self._lock:
+            return self.accounting.copy(), self._buffered
 
     def _handle(self, closed: ClosedPartition) -> _Part:
         part = closed.handle

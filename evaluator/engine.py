@@ -65,7 +65,8 @@ ObservedDecoder = Callable[
 """(records, selection, task key attributes, whether the session id is wanted) -> the SpanDecoder's
 spans as build_partition derives them and their steps and trajectory, in one pass; None to leave it
 to the SpanDecoder, build_partition and Observe one after the other (the composition root's native
-one: the evaluator imports nothing native)."""
+one: the evaluator imports nothing native). It must give None where a per-span limit touches a
+span: pipeline.build_scoring_input looks for limit marks (evaluator/limited.py) only otherwise."""
 
 
 class TenantKeys(Protocol):
@@ -323,9 +324,7 @@ class EvaluationEngine:
                 scored, more = self._process(item)
             except Exception:  # a bug in decoding/partitioning: account the spans, go on
                 log.exception("scoring partition %s failed", item.partition_id)
-                with self.accounting.scoring_lock:
-                    self.accounting.scoring_errors += item.new_spans
-                self.buffer.done(item)
+                self.buffer.done(item, failed=True)
                 if item.needs_routing:
                     with contextlib.suppress(ValueError):
                         self.buffer.route(item)
@@ -441,14 +440,6 @@ class EvaluationEngine:
             self._observe,
             observed,
         )
-        acc = self.accounting
-        with acc.scoring_lock:
-            if closed.revision == 0:
-                acc.scored += closed.new_spans
-                if expectation is None:
-                    acc.unmatched[partition.type] += 1
-            acc.closed[(partition.type, closed.reason)] += 1
-        self.buffer.done(closed)
         settings = self.settings
         event = PartitionScores(
             partition_type=partition.type,
@@ -474,6 +465,8 @@ class EvaluationEngine:
                 **({"tenant": tenant} if settings.tenant_attribute else {}),
             },
         )
+        # last, so a failure above is accounted once (a scoring error), never both scored and failed
+        self.buffer.done(closed, matched=expectation is not None)
         return _Scored(event, done.inp if done.pending else None, done.pending)
 
 

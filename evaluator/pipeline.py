@@ -10,7 +10,10 @@ partition scores the same whichever way it arrived.
 - The scoring method resolves as: the explicit override, else the expectation's, else
   edit_distance.
 - Scorers are isolated: one that raises becomes `ScoreResult(error=...)`; one that is not
-  applicable to the input (e.g. step accuracy with no expected steps) yields no result.
+  applicable to the input (e.g. step accuracy with no expected steps, unless the task names it:
+  then it is an error result) yields no result.
+- A partition whose scoring values a per-span limit cut (evaluator/limited.py) has every result
+  marked `metadata.limited`.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 
 from .expectations.expectation import Expectation, ExpectedStep, ScoringMethod
 from .expectations.expected_steps import expected_steps_shape
+from .limited import LIMITED, limited_of
 from .model import Partition, Span, Step
 from .partitioning import EXPECTED_STEPS_ATTRIBUTE, SESSION_ID_ATTRIBUTES, root_spans
 from .results import ScoreResult
@@ -102,6 +106,11 @@ def build_scoring_input(
     all_extras: dict[str, object] = dict(extras or {})
     if error is not None:
         all_extras[EXPECTED_STEPS_ERROR] = error
+    # a limit cut what scoring reads: every result says which (evaluator/limited.py). Spans whose
+    # steps a decoder derived (`observed`, engine.ObservedDecoder) were within every limit: no scan.
+    limited = limited_of(partition.spans) if observed is None else None
+    if limited is not None:
+        all_extras[LIMITED] = limited
     if observed is None and observe is not None:
         observed = observe(partition.spans)
     if observed is None:
@@ -231,12 +240,26 @@ def _applicable(inp: ScoringInput, scorer: Scorer) -> bool | ScoreResult:
         return _failure(scorer, exc)
 
 
+def _marked_limited(inp: ScoringInput, results: list[ScoreResult]) -> list[ScoreResult]:
+    """The results with `metadata.limited` when a limit cut what scoring read of this partition."""
+    limited = inp.extras.get(LIMITED)
+    if not limited:
+        return results
+    return [r.model_copy(update={"metadata": {**r.metadata, LIMITED: limited}}) for r in results]
+
+
 def run_sync_scorers(
     inp: ScoringInput, scorers: Sequence[Scorer], *, known_sync: bool = False
 ) -> list[ScoreResult]:
     """Run synchronous scorers in order; async ones in `scorers` are an error result each.
     `known_sync`: the caller has split them with is_async_scorer already (not asked again: ~0.35 us
     a scorer, on every partition)."""
+    if LIMITED in inp.extras:
+        return _marked_limited(inp, _run_sync(inp, scorers, known_sync))
+    return _run_sync(inp, scorers, known_sync)
+
+
+def _run_sync(inp: ScoringInput, scorers: Sequence[Scorer], known_sync: bool) -> list[ScoreResult]:
     results: list[ScoreResult] = []
     for scorer in scorers:
         pre = _pre_result(inp, scorer)
@@ -260,6 +283,13 @@ def run_sync_scorers(
 
 
 async def _run_one_async(inp: ScoringInput, scorer: Scorer) -> ScoreResult | None:
+    result = await _score_one_async(inp, scorer)
+    if result is not None and LIMITED in inp.extras:
+        [result] = _marked_limited(inp, [result])
+    return result
+
+
+async def _score_one_async(inp: ScoringInput, scorer: Scorer) -> ScoreResult | None:
     pre = _pre_result(inp, scorer)
     if pre is not None:
         return pre

@@ -7,11 +7,13 @@ Rule 1 - what is a step: a non-root span that is a TOOL or AGENT span:
     nothing, so it is not a step.
   A root is a span with no parent or whose parent is not in the partition. Steps are ordered by
   start time, then span name (the spec's determinism tiebreak); untimed spans follow in document
-  order. When the partition has NO such span, every tool call embedded in a span's LLM output
-  (OpenInference `llm.output_messages.N.message.tool_calls.M.tool_call.function.name`, GenAI
-  `gen_ai.output.messages` parts of type `tool_call`) is its own TOOL step, ordered by the LLM
-  span's start, then N, then M.
-Rule 2 - names: TOOL steps use `gen_ai.tool.name`, `tool.name`, else the span name; AGENT steps
+  order. A trace (decided per trace, also inside a session) with NO such span instead has every
+  tool call embedded in its spans' LLM output (OpenInference
+  `llm.output_messages.N.message.tool_calls.M.tool_call.function.name`, GenAI
+  `gen_ai.output.messages` parts of type `tool_call`) as its own TOOL step, ordered by the LLM
+  span's start, then N, then M, among the other traces' steps by that LLM span's order.
+Rule 2 - names: TOOL steps use `gen_ai.tool.name`, `tool.name`, else the span name (without the
+  GenAI convention's `execute_tool ` prefix: `execute_tool search_kb` is `search_kb`); AGENT steps
   `aip.agent.name`, `gen_ai.agent.name`, `agent.name`, else the span name.
 
 Each step also carries its input/output (JSON strings unwrapped) and `round_id`: the span id of the
@@ -145,7 +147,19 @@ def tool_step_name(span: Span) -> str:
     value = attributes.get("gen_ai.tool.name")
     if value is None or value == "":  # empty reads as absent (trajectory-format.txt's fallback)
         value = attributes.get("tool.name")
-    return str(value) if value is not None and value != "" else span.name
+    return str(value) if value is not None and value != "" else bare_tool_name(span.name)
+
+
+EXECUTE_TOOL_PREFIX = "execute_tool "
+"""The OTel GenAI span-name convention for a tool span: `execute_tool {gen_ai.tool.name}`."""
+
+
+def bare_tool_name(span_name: str) -> str:
+    """The invoked tool's bare name from a span name (step-accuracy.txt rule 2: TOOL steps use the
+    bare name): `execute_tool search_kb` -> `search_kb`; any other span name as it is."""
+    if span_name.startswith(EXECUTE_TOOL_PREFIX) and len(span_name) > len(EXECUTE_TOOL_PREFIX):
+        return span_name[len(EXECUTE_TOOL_PREFIX) :]
+    return span_name
 
 
 class EmbeddedCall(NamedTuple):
@@ -295,20 +309,13 @@ def extract_steps_from_spans(
             llm_calls.append((order, span, calls))
     llm_calls.sort(key=_first)
     if not step_spans:
-        return [
-            new_step(
-                call.name,
-                "TOOL",
-                span.trace_id,
-                span.span_id,
-                span.start_time_unix_nano,
-                call.arguments,
-                None,
-                span.span_id,
-            )
-            for _, span, calls in llm_calls
-            for call in calls
-        ]
+        return [step for _, step in _embedded_steps(llm_calls)]
+    embedded_only: list[tuple[_Order, Span, list[EmbeddedCall]]] = []
+    if llm_calls:  # rule 1 per trace: a session's trace without TOOL/AGENT spans has its calls
+        step_traces = {span.trace_id for _, span, _ in step_spans}
+        embedded_only = [item for item in llm_calls if item[1].trace_id not in step_traces]
+        if embedded_only:
+            llm_calls = [item for item in llm_calls if item[1].trace_id in step_traces]
     step_spans.sort(key=_first)
     rounds = _RoundMatcher(llm_calls)
     steps: list[Step] = []
@@ -335,7 +342,34 @@ def extract_steps_from_spans(
                 round_id,
             )
         )
-    return steps
+    if not embedded_only:
+        return steps
+    ordered = [(order, step) for (order, _, _), step in zip(step_spans, steps, strict=True)]
+    ordered.extend(_embedded_steps(embedded_only))
+    ordered.sort(key=_first)  # stable: a span's calls keep their (N, M) order
+    return [step for _, step in ordered]
+
+
+def _embedded_steps(llm_calls: list[tuple[_Order, Span, list[EmbeddedCall]]]) -> list[tuple[_Order, Step]]:
+    """Each embedded call as a TOOL step (its round: the LLM span that issued it), with the issuing
+    span's order key; `llm_calls` in order."""
+    return [
+        (
+            order,
+            new_step(
+                call.name,
+                "TOOL",
+                span.trace_id,
+                span.span_id,
+                span.start_time_unix_nano,
+                call.arguments,
+                None,
+                span.span_id,
+            ),
+        )
+        for order, span, calls in llm_calls
+        for call in calls
+    ]
 
 
 _first = itemgetter(0)

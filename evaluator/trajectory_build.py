@@ -1,7 +1,7 @@
 """Partition -> canonical Trajectory, exactly per trajectory-format.txt.
 
 - A span is a tool call when it carries `gen_ai.tool.name` or has openinference.span.kind TOOL.
-  Name: `gen_ai.tool.name`, else `tool.name`, else the span name. Input:
+  Name: `gen_ai.tool.name`, else `tool.name`, else the span name (steps.bare_tool_name). Input:
   `gen_ai.tool.call.arguments`, else `input.value`; output: `gen_ai.tool.call.result`, else
   `output.value`. String inputs/outputs that parse as JSON are unwrapped.
 - Spans are ordered by start time; spans without timestamps keep document order after timed ones.

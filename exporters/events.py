@@ -134,6 +134,20 @@ def root_span_id(partition: Partition, trace_id: str | None) -> str | None:
     return roots[0].span_id
 
 
+def ordered_root_span_id(partition: Partition, trace_id: str | None) -> str | None:
+    """root_span_id of a partition whose spans are in span order (build_partition's: start time,
+    then arrival; spans without one last), as the service's are: when every span has a start time,
+    the trace's first parentless span is its earliest, usually found at once. The service asks this
+    of every partition (the Prometheus exemplars need it), where root_span_id's lists cost ~15x more.
+    A span without a start time, or a trace with no parentless span, takes root_span_id's way."""
+    spans = partition.spans
+    if trace_id is not None and spans and spans[-1].start_time_unix_nano is not None:
+        for span in spans:
+            if span.parent_span_id is None and span.trace_id == trace_id:
+                return span.span_id
+    return root_span_id(partition, trace_id)
+
+
 def make_score_event(
     result: ScoreResult,
     *,

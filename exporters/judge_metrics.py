@@ -48,7 +48,8 @@ class JudgeCollector(Collector):
                 answers.add_metric([backend, source], float(count))
         skipped = CounterMetricFamily(
             "stepwatch_judge_skipped",
-            "Judge evaluations not scored, by reason (sampled_out, over_budget, deadline, judge_error, backlog).",
+            "Judge evaluations not scored, by reason (sampled_out, over_budget, deadline, judge_error, backlog, "
+            "abstained).",
             labels=["reason"],
         )
         for reason, count in sorted(dict(self._runner.governor.counters).items()):

@@ -3,6 +3,8 @@ telemetry component's, exporters/telemetry.py, which serves it). Names are the c
 docs/metrics.md. `task_key` label values are bounded: unregistered keys, and registered keys beyond
 `max_task_keys`, share the value `unregistered`. A key removed from the expectations by a reload
 loses its score series and frees its label slot (docs/metrics.md, "Task keys and reloads").
+Each `stepwatch_evaluation_score_ratio` observation carries an exemplar (`trace_id`, `span_id`)
+that the OpenMetrics exposition shows (docs/metrics.md, "Exemplars").
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -17,7 +20,15 @@ from stepwatch.evaluator.scores import PartitionScores
 
 from .base import Capabilities
 from .score_families import FAMILIES, RATIO, exposed_value, family_of
-from .series import Buckets, CounterSeries, GaugeSeries, HistogramSeries, created_series_enabled
+from .score_streams import ROOT_SPAN_ATTRIBUTE
+from .series import (
+    Buckets,
+    CounterSeries,
+    ExemplarSource,
+    GaugeSeries,
+    HistogramSeries,
+    created_series_enabled,
+)
 from .task_keys import UNREGISTERED, TaskKeyCap
 
 GENERIC_LATENCY_BUCKETS: tuple[float, ...] = (
@@ -40,6 +51,18 @@ def latency_buckets(*timeouts: float) -> tuple[float, ...]:
 
 LATENCY_BUCKETS = latency_buckets(2.0, 30.0)
 """The bounds for the default trace and session idle timeouts (2 s, 30 s)."""
+
+
+def exemplar_source(event: PartitionScores) -> ExemplarSource | None:
+    """What an event's ratio observations carry as their exemplar: the partition's first trace (a
+    session's first by first span start, as ScoreEvent.trace_ids[0]), that trace's root span (the
+    service's ROOT_SPAN_ATTRIBUTE, as ScoreEvent.root_span_id) and the scoring time. Three
+    references in a tuple: the labels are made at scrape time (series.trace_exemplar)."""
+    ids = event.trace_ids
+    trace_id = ids[0] if ids else (event.partition_id if event.partition_type == "trace" else None)
+    if not trace_id:
+        return None
+    return (trace_id, event.attributes.get(ROOT_SPAN_ATTRIBUTE), event.scored_at_unix_nano)
 
 
 class PrometheusExporter:
@@ -168,6 +191,7 @@ class PrometheusExporter:
             task = self.task_label(event.task_key if event.registered else None)
             tenant = (event.attributes.get("tenant", "default"),) if self._tenant_label else ()
             partition_type = event.partition_type
+            exemplar: ExemplarSource | Literal[False] | None = False  # made at the first ratio score
             for result in event.results:
                 labels = (result.metric, task, partition_type, *tenant)
                 key = (*labels, result.outcome)
@@ -182,9 +206,16 @@ class PrometheusExporter:
                         children = scored[labels] = self._score_children(labels)
                     value = exposed_value(result.metric, score)
                     histogram, gauge = children
-                    histogram.observe(value)
-                    if gauge is not None:
+                    if gauge is None:  # a statistic's family: no exemplars
+                        histogram.observe(value)
+                    else:
                         gauge[0] = value
+                        if exemplar is False:
+                            exemplar = exemplar_source(event)
+                        if exemplar is None:
+                            histogram.observe(value)
+                        else:
+                            histogram.observe_exemplar(value, exemplar)
             if event.last_span_monotonic:
                 self.score_latency.observe(max(0.0, now - event.last_span_monotonic))
 

@@ -8,6 +8,11 @@ reads a snapshot of the children (a dict copy, atomic under the GIL); a value wr
 is seen by the next scrape, as with prometheus_client. The exposition is prometheus_client's own:
 the same samples in the same order (`_total`/`_created` for counters; `_bucket`, `_count`, `_sum`,
 `_created` for histograms), so dashboards, rules and `get_sample_value` see no difference.
+
+A histogram child may also keep an exemplar per bucket (Buckets.observe_exemplar): the latest
+observation that fell in that bucket, as prometheus_client keeps it, shown only in the OpenMetrics
+exposition (the classic text format has no exemplars). An update stores the value and the ids it
+was given in one tuple; the labels are built by the scrape, not by the event loop.
 """
 
 from __future__ import annotations
@@ -21,10 +26,32 @@ from typing import Generic, TypeVar
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 Labels = tuple[str, ...]
 ChildT = TypeVar("ChildT")
+ExemplarSource = tuple[str, str | None, int]
+"""What one event's observations share as their exemplar: (trace id, root span id or None, when it
+was scored in Unix nanoseconds or 0 for the scrape's time); made once per event, never mutated."""
+Kept = tuple[float, ExemplarSource]
+"""A bucket's exemplar as kept: the observed value and its source (one small tuple per update)."""
+MAX_EXEMPLAR_RUNES = 128
+"""OpenMetrics: an exemplar's label names and values together, in UTF-8 characters."""
+
+
+def trace_exemplar(value: float, source: ExemplarSource) -> Exemplar | None:
+    """The exemplar shown for a kept observation: `trace_id` and `span_id` labels, the value, the
+    timestamp in seconds. Ids too long for OpenMetrics' 128 characters (not hex ids) lose the span
+    id, then the exemplar (prometheus_client would refuse the observation)."""
+    trace_id, span_id, nanos = source
+    if len(trace_id) + 8 > MAX_EXEMPLAR_RUNES:
+        return None
+    if span_id and len(trace_id) + len(span_id) + 15 <= MAX_EXEMPLAR_RUNES:
+        labels = {"trace_id": trace_id, "span_id": span_id}
+    else:
+        labels = {"trace_id": trace_id}
+    return Exemplar(labels, value, nanos / 1e9 if nanos else None)
 
 
 def created_series_enabled() -> bool:
@@ -105,15 +132,17 @@ class GaugeSeries(_Series[list[float]]):
 
 
 class Buckets:
-    """One histogram child: a count per bucket (not cumulative), the sum, and when it was made."""
+    """One histogram child: a count per bucket (not cumulative), the sum, when it was made, and
+    each bucket's latest exemplar (None until a first observe_exemplar)."""
 
-    __slots__ = ("bounds", "counts", "created", "sum")
+    __slots__ = ("bounds", "counts", "created", "exemplars", "sum")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
         self.counts = [0] * len(bounds)
         self.sum = 0.0
         self.created = time.time()
+        self.exemplars: list[Kept | None] | None = None
 
     def observe(self, value: float) -> None:
         """Count `value` in the first bucket whose bound is >= it (`le` is inclusive); a NaN, as
@@ -121,6 +150,19 @@ class Buckets:
         self.sum += value
         if value == value:
             self.counts[bisect_left(self.bounds, value)] += 1
+
+    def observe_exemplar(self, value: float, source: ExemplarSource) -> None:
+        """observe(), and `value` with `source` becomes the exemplar of the bucket it fell in (a
+        NaN has no bucket, so none). The count is written first: a scrape that copies the exemplars
+        before the counts never shows an exemplar on a bucket that counted nothing."""
+        self.sum += value
+        if value == value:
+            index = bisect_left(self.bounds, value)
+            self.counts[index] += 1
+            kept = self.exemplars
+            if kept is None:
+                kept = self.exemplars = [None] * len(self.bounds)
+            kept[index] = (value, source)
 
 
 class HistogramSeries(_Series[Buckets]):
@@ -151,11 +193,14 @@ class HistogramSeries(_Series[Buckets]):
         return Buckets(self.bounds)
 
     def _samples(self, metric: Metric, labels: dict[str, str], child: Buckets) -> None:
+        kept = child.exemplars
+        exemplars = list(kept) if kept is not None else [None] * len(self.bounds)  # before the counts
         counts, total, created = list(child.counts), child.sum, child.created
         cumulative = 0.0
-        for le, count in zip(self._le, counts, strict=True):
+        for le, count, exemplar in zip(self._le, counts, exemplars, strict=True):
             cumulative += count
-            metric.add_sample(self.name + "_bucket", {**labels, "le": le}, cumulative)
+            shown = trace_exemplar(*exemplar) if exemplar is not None else None
+            metric.add_sample(self.name + "_bucket", {**labels, "le": le}, cumulative, exemplar=shown)
         metric.add_sample(self.name + "_count", labels, cumulative)
         if self.bounds[0] >= 0:
             metric.add_sample(self.name + "_sum", labels, total)

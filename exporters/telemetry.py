@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder, generate_latest
 from prometheus_client.registry import Collector
 
 from stepwatch.evaluator.accounting import SpanAccounting
@@ -30,17 +30,19 @@ class Telemetry:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._before_scrape: list[Callable[[], None]] = []
 
     def watch_ingest(
         self,
-        accounting: SpanAccounting,
         buffer: PartitionBuffer,
         backlog: ScoringBacklog,
         dropped: Callable[[], dict[str, int]],
     ) -> None:
-        """Expose the span accounting, the buffer's and ledger's gauges and the scoring backlog, read
-        from those components at scrape time."""
-        self.registry.register(_IngestCollector(accounting, buffer, backlog, dropped))
+        """Expose the span accounting (the buffer's), the buffer's and ledger's gauges and the scoring
+        backlog, read from those components at scrape time."""
+        collector = _IngestCollector(buffer, backlog, dropped)
+        self.registry.register(collector)
+        self._before_scrape.append(collector.freeze)
 
     def watch_native(self, loaded: bool, deferred: Callable[[], Mapping[str, int]]) -> None:
         """Expose whether the native span core runs and how often it left a call to the Python
@@ -59,7 +61,14 @@ class Telemetry:
     ) -> MetricsServer:
         """The HTTP endpoint of this registry (started by the caller)."""
         return MetricsServer(
-            self.registry, host, port, ready, ssl_context=ssl_context, middlewares=middlewares, routes=routes
+            self.registry,
+            host,
+            port,
+            ready,
+            ssl_context=ssl_context,
+            middlewares=middlewares,
+            routes=routes,
+            before_scrape=self._before_scrape,
         )
 
 
@@ -68,18 +77,25 @@ class _IngestCollector(Collector):
 
     def __init__(
         self,
-        accounting: SpanAccounting,
         buffer: PartitionBuffer,
         backlog: ScoringBacklog,
         dropped: Callable[[], dict[str, int]],
     ) -> None:
-        self._acc = accounting
         self._buffer = buffer
         self._backlog = backlog
         self._dropped = dropped
+        self._frozen: tuple[SpanAccounting, int] | None = None
+
+    def freeze(self) -> None:
+        """On the event loop, just before a scrape collects in a worker thread: the accounting as of
+        now, which is exact there (PartitionBuffer.accounting_snapshot), for that collect to report.
+        Read from the thread instead, the event loop could count a request's spans received between
+        the reads of `received` and `buffered`, and the scrape would break the identity."""
+        self._frozen = self._buffer.accounting_snapshot()
 
     def collect(self) -> Iterator[Metric]:
-        acc = self._acc
+        frozen, self._frozen = self._frozen, None
+        acc, buffered = frozen if frozen is not None else self._buffer.accounting_snapshot()
         received = CounterMetricFamily(
             "stepwatch_spans_received", "Spans received in requests that decoded.", labels=["protocol"]
         )
@@ -89,10 +105,7 @@ class _IngestCollector(Collector):
         rejected = CounterMetricFamily(
             "stepwatch_spans_rejected", "Spans refused, by reason.", labels=["reason"]
         )
-        reasons = dict(acc.rejected)
-        if acc.scoring_errors:
-            reasons["scoring_error"] = reasons.get("scoring_error", 0) + acc.scoring_errors
-        for reason, count in sorted(reasons.items()):
+        for reason, count in sorted(acc.rejected_by_reason().items()):
             rejected.add_metric([reason], count)
         yield rejected
         requests = CounterMetricFamily(
@@ -143,7 +156,7 @@ class _IngestCollector(Collector):
         yield GaugeMetricFamily(
             "stepwatch_buffered_spans",
             "Spans in open partitions or awaiting scoring.",
-            value=buffer.buffered_spans,
+            value=buffered,
         )
         yield GaugeMetricFamily(
             "stepwatch_buffered_spans_limit",
@@ -224,8 +237,23 @@ class _NativeCollector(Collector):
         yield deferred
 
 
+def exposition_for(accept: str) -> tuple[Callable[[CollectorRegistry], bytes], str]:
+    """The /metrics encoder and Content-Type for a scraper's Accept header: OpenMetrics 1.0 (with
+    the score exemplars) when it asks for it, as Prometheus does, by prometheus_client's own
+    negotiation (choose_encoder); otherwise the classic text format, byte for byte as before, also
+    for a header it cannot read (`version=abc` raises there): a scrape never fails on its header."""
+    try:
+        encode, content_type = choose_encoder(accept)
+    except (TypeError, ValueError):
+        return generate_latest, CONTENT_TYPE_LATEST
+    if content_type.startswith("application/openmetrics-text"):
+        return encode, content_type
+    return generate_latest, CONTENT_TYPE_LATEST
+
+
 class MetricsServer:
-    """HTTP endpoint: /metrics (Prometheus text), /healthz (alive), /readyz (ready to take traffic)."""
+    """HTTP endpoint: /metrics (Prometheus text, or OpenMetrics when the scraper asks for it),
+    /healthz (alive), /readyz (ready to take traffic)."""
 
     def __init__(
         self,
@@ -237,8 +265,11 @@ class MetricsServer:
         ssl_context: ssl.SSLContext | None = None,
         middlewares: Sequence[Any] = (),
         routes: Sequence[tuple[str, Callable[[web.Request], Any]]] = (),
+        before_scrape: Sequence[Callable[[], None]] = (),
     ) -> None:
-        """`routes`: more GET pages on this port (the debug pages), behind the same middlewares."""
+        """`routes`: more GET pages on this port (the debug pages), behind the same middlewares.
+        `before_scrape`: called on the event loop before each /metrics collect (which runs in a thread)."""
+        self._before_scrape = before_scrape
         self._routes = list(routes)
         self._ssl = ssl_context
         self._middlewares = list(middlewares)
@@ -269,8 +300,11 @@ class MetricsServer:
             self.port = sockets[0].getsockname()[1]
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        body = await asyncio.to_thread(generate_latest, self._registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        for freeze in self._before_scrape:
+            freeze()
+        encode, content_type = exposition_for(request.headers.get("Accept", ""))
+        body = await asyncio.to_thread(encode, self._registry)
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")

@@ -12,6 +12,7 @@ what to answer.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -274,8 +275,14 @@ class Ingestor:
     """(tenant, trace id) -> buffer key, so two tenants' equal trace ids are separate partitions."""
     room: Callable[[], Awaitable[None]] | None = field(default=None, repr=False)
     """Awaited by `admit`: the scoring backlog's gate (evaluator/backlog.py)."""
+    opened: asyncio.Event | None = field(default=None, repr=False)
+    """Set once start-up replayed the write-ahead log; `admit` holds requests until then, so the
+    ports can be bound (and a clash refused) before the log is read."""
 
     async def admit(self) -> None:
+        opened = self.opened
+        if opened is not None and not opened.is_set():
+            await opened.wait()
         if self.room is not None:
             await self.room()
 

@@ -12,6 +12,7 @@ answers yes or no with P(yes) in the verdict token's top_logprobs.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import re
 import time
@@ -112,6 +113,72 @@ def completion_for(
     return raw_completion(choice, usage)
 
 
+def json_completion_for(
+    body: dict, decide: Callable[[str], float], *, logprobs: bool = True, usage: tuple[int, int] = (600, 30)
+) -> dict[str, Any]:
+    """A structured-output completion for a request with a `response_format` json_schema: one
+    property per answer line, in schema order, each answered as `completion_for` answers its line
+    (an evidence answer names the expected step's own number, capped at the last agent step), with
+    P(yes) in the answer token's top_logprobs. Yes/no answers come in one token with the opening
+    quote (`"yes`), as tokenizers often merge them."""
+    schema = body["response_format"]["json_schema"]["schema"]
+    tokens: list[dict[str, Any]] = [_entry("{", 1.0)]
+    values: dict[str, str] = {}
+    for position, (line, spec) in enumerate(schema["properties"].items()):
+        choices: list[str] = spec["enum"]
+        p = decide(line)
+        tokens.append(_entry(("" if position == 0 else ", ") + json.dumps(line) + ":", 1.0))
+        evidence = re.match(r"E(\d+)(?:\.|$)", line)
+        if choices == ["yes", "no"] or not evidence:
+            word = "yes" if p >= 0.5 else "no"
+            tokens.append(_entry(f' "{word}', max(p, 1 - p), [(' "yes', p), (' "no', 1 - p)]))
+            tokens.append(_entry('"', 1.0))
+            values[line] = word
+            continue
+        named = [c for c in choices if c.startswith(("S", "yes S"))]
+        step = min(int(evidence.group(1)), len(named) // (2 if choices[0].endswith((": yes", ": no")) else 1))
+        tokens.append(_entry(' "', 1.0))
+        if choices[0].endswith((": yes", ": no")):  # verdict: `S2 <step 2 again>: yes`
+            word = "yes" if p >= 0.5 else "no"
+            restated = next(c for c in choices if c.startswith(f"S{step} ")).rsplit(": ", 1)[0]
+            tokens += [
+                _entry("S", 1.0),
+                _entry(str(step), 1.0),
+                _entry(restated[len(f"S{step}") :] + ": ", 1.0),
+            ]
+            tokens.append(_entry(word, max(p, 1 - p), [("yes", p), ("no", 1 - p)]))
+            values[line] = f"{restated}: {word}"
+        elif choices[0].startswith("yes S"):  # `yes S2` / `no`
+            if p >= 0.5:
+                tokens += [
+                    _entry("yes", p, [("yes", p), ("no", 1 - p)]),
+                    _entry(" S", 1.0),
+                    _entry(str(step), 1.0),
+                ]
+                values[line] = f"yes S{step}"
+            else:
+                tokens.append(_entry("no", 1 - p, [("yes", p), ("no", 1 - p)]))
+                values[line] = "no"
+        else:  # `S2` / `none`
+            if p >= 0.5:
+                tokens += [_entry("S", p, [("S", p), ("none", 1 - p)]), _entry(str(step), 1.0)]
+                values[line] = f"S{step}"
+            else:
+                tokens.append(_entry("none", 1 - p, [("S", p), ("none", 1 - p)]))
+                values[line] = "none"
+        tokens.append(_entry('"', 1.0))
+    tokens.append(_entry("}", 1.0))
+    text = "".join(entry["token"] for entry in tokens)
+    assert json.loads(text) == values, (text, values)  # the tokens spell the JSON they claim
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": {"role": "assistant", "content": text},
+        "finish_reason": "stop",
+        "logprobs": {"content": tokens, "refusal": None} if logprobs else None,
+    }
+    return raw_completion(choice, usage)
+
+
 def raw_completion(choice: dict[str, Any], usage: tuple[int, int] = (600, 30)) -> dict[str, Any]:
     return {
         "id": "chatcmpl-test",
@@ -127,6 +194,8 @@ def answering(decide: Callable[[str], float], **kwargs: Any) -> Callable[[dict, 
     """A responder: every line the request asks for gets P(yes) = decide(line)."""
 
     def respond(body: dict, n: int) -> dict[str, Any]:
+        if "response_format" in body:
+            return json_completion_for(body, decide, **kwargs)
         lines = form_lines(body)
         return completion_for(lines, [decide(line) for line in lines], **kwargs)
 
@@ -142,6 +211,20 @@ class FakeServer:
     times: list[float] = field(default_factory=list)
     headers: list[dict] = field(default_factory=list)
     url: str = ""
+    models: Any = None
+    """GET /v1/models' JSON (llama.cpp's says `owned_by: llamacpp`); None: 404, as a bare fake."""
+    props: Any = None
+    """GET /props' JSON (llama.cpp's server has one); None: 404."""
+    probes: list[str] = field(default_factory=list)
+
+    async def probe(self, request: web.Request) -> web.StreamResponse:
+        self.probes.append(request.path)
+        found = self.models if request.path.endswith("/models") else self.props
+        if found is None:
+            return web.Response(status=404)
+        if isinstance(found, str):
+            return web.Response(text=found)
+        return web.json_response(found)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -165,6 +248,8 @@ async def fake() -> AsyncIterator[Callable[[Callable[[dict, int], Any]], Any]]:
         server = FakeServer(respond)
         app = web.Application()
         app.router.add_post("/v1/chat/completions", server.handle)
+        app.router.add_get("/v1/models", server.probe)
+        app.router.add_get("/props", server.probe)
         runner = web.AppRunner(app)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

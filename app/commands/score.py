@@ -4,9 +4,10 @@ pipeline the streaming service uses.
 Exit codes: 0 every partition was scored (whatever the scores); 1 some partition or dataset row
 could not be scored: its record carries `error`, a scorer asked for with --scorer could not run on
 it (e.g. agent.step_accuracy with no expected steps from any source), or a judge scorer gave
-`not_scored` because the judge failed (unreachable, timed out, malformed answers, over budget;
-judge sampling is a decision, not a failure); 2 bad input (unreadable/invalid trace file given on
-the command line, invalid --expected-steps or --rules, unreadable dataset file).
+`not_scored` because the judge failed (unreachable, past --judge-deadline, malformed answers, over
+budget, or the local judge abstained: no evidence either way; judge sampling is a decision, not a
+failure): a summary of those rows and why closes the run on stderr; 2 bad input (unreadable/invalid trace file given on
+the command line, invalid --expected-steps, --rules or --expectations, unreadable dataset file).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,10 @@ HELP = "Score trace files or a JSONL dataset offline (step accuracy, trajectory 
 SCORING_METHODS = ("edit_distance", "strict_position")
 INTEGER_METRICS = frozenset({"trajectory.step_count", "trajectory.total_tokens"})
 SUMMARY_METRIC = "agent.step_accuracy"
+OFFLINE_REQUEST_TIMEOUT_S = 600.0
+"""One judge request's timeout offline unless --judge-timeout: a CPU-served model takes 20-60 s."""
+JUDGE_SCORER_OF = {"expected_trajectory": "trajectory_steps", "expected_plan": "plan_adherence"}
+"""The judge scorer a dataset row's own field asks for."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +75,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--rules", metavar="FILE", help="trajectory rules YAML (the spec's `scorers:` form)")
     parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="serve's YAML config: its `security.limits` apply as in serve (so do STEPWATCH_CONFIG and "
+        "STEPWATCH_SECURITY__LIMITS__* variables); default: serve's default limits",
+    )
+    parser.add_argument(
+        "--expectations",
+        metavar="FILE",
+        help="serve's expectations file (`tasks:`), loaded as serve loads it: a partition whose task key "
+        "it registers is scored against that expectation, with --expected-steps, --rules and a "
+        "dataset row's fields laid over it",
+    )
+    parser.add_argument(
         "--scorer",
         action="append",
         metavar="NAME",
@@ -94,18 +113,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--judge-timeout",
         type=_positive_seconds,
         metavar="SECONDS",
-        help="one judge request's timeout (default 20; a CPU-served model may need 60)",
+        help="one judge request's timeout (default offline 600: a CPU-served model takes 20-60 s)",
     )
     parser.add_argument(
         "--judge-deadline",
         type=_positive_seconds,
         metavar="SECONDS",
-        help="the judge's deadline per partition, retries included (default 60): slower is not_scored",
+        help="cap the judge's time per partition, retries included: slower is not_scored (default: "
+        "no cap, offline waits; partitions are judged one at a time, so none waits behind another)",
     )
     parser.add_argument(
         "--judge-grammar",
         action="store_true",
-        help="constrain the judge's answer lines with a GBNF grammar (llama.cpp's server only)",
+        help="always constrain the judge's answer lines with a GBNF grammar (= --judge-decoding gbnf)",
+    )
+    parser.add_argument(
+        "--judge-decoding",
+        choices=("auto", "gbnf", "json_schema", "none"),
+        help="how the judge's answer format is guaranteed: auto (default) probes the server once and "
+        "sends a GBNF grammar to llama.cpp's server, a strict JSON schema to vLLM and OpenAI, nothing "
+        "to others; gbnf / json_schema always; none never",
     )
 
 
@@ -202,6 +229,8 @@ def run(args: argparse.Namespace) -> int:
     if bool(args.files) == bool(args.dataset):
         raise UsageError("give trace FILEs or --dataset DATA.jsonl (exactly one of the two)")
     _check_scorer_names(args)
+    args.limits = _limits_config(args.config)
+    args.expectations_store = _load_expectations_file(args)
     base_rules = _load_rules_file(Path(args.rules)) if args.rules else None
     base_steps = _parse_steps_arg(args.expected_steps) if args.expected_steps is not None else None
     out = sys.stdout
@@ -210,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
     expectation = _expectation(base_steps, args.scoring_method, base_rules, args.partition)
     if isinstance(expectation, str):
         raise UsageError(f"--expected-steps: {expectation}")
-    loaded = [_load_or_usage_error(path) for path in args.files]
+    loaded = [_load_or_usage_error(path, args.limits) for path in args.files]
     records: list[Record] = []
     explains: dict[int, list[str]] = {}
     for path, spans in zip(args.files, loaded, strict=True):
@@ -221,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
                 _emit_json(record, out)
     if args.output_format == "table":
         _print_table(records, explains if args.explain else {}, out)
-    return 1 if any(record.failed for record in records) else 0
+    return _finish(records)
 
 
 def _run_dataset(
@@ -238,6 +267,8 @@ def _run_dataset(
     rows = [(number, line) for number, line in enumerate(lines, start=1) if line.strip()]
     if not rows:
         raise UsageError(f"{dataset}: the dataset has no rows")
+    # --scorer chooses the scorers itself (agent.step_accuracy named there errs on its own)
+    steps_required = _scan_rows(dataset, rows, base_steps) and not args.scorer
     progress = sys.stderr.isatty() and len(rows) > 1
     records: list[Record] = []
     explains: dict[int, list[str]] = {}
@@ -248,11 +279,13 @@ def _run_dataset(
         elif isinstance(job, InlineJob):
             produced = [(_score_inline(job, args), [])]
         else:
-            spans = _load_or_error(job.path)
+            spans = _load_or_error(job.path, args.limits)
             if isinstance(spans, str):
                 produced = [(Record(id=job.id or "", error=spans), [])]
             else:
                 produced = list(_score_spans(job.id, str(job.path), spans, job.expectation, args))
+        if steps_required and _lacks_expected_steps(job):
+            produced = [(_require_expected_steps(record), explain) for record, explain in produced]
         for record, explain in produced:
             explains[len(records)] = explain
             records.append(record)
@@ -264,7 +297,62 @@ def _run_dataset(
         print(file=sys.stderr)
     if args.output_format == "table":
         _print_table(records, explains if args.explain else {}, out)
-    return 1 if any(record.failed for record in records) else 0
+    return _finish(records)
+
+
+def _scan_rows(dataset: Path, rows: list[tuple[int, str]], base_steps: Any) -> bool:
+    """Every row checked before any is scored; whether the dataset uses agent.step_accuracy.
+
+    A row carrying the judges' fields inline but no trajectory (neither `trajectory` nor `trace`)
+    is refused (UsageError, exit 2): scored, it would judge an empty run as 0.0. The dataset uses
+    step accuracy when --expected-steps is given or any row carries `expected_steps`: then a row
+    without them is an error result (`_require_expected_steps`), not silently unscored. Rows that
+    are not JSON objects are left to `_dataset_job`, which reports each as that row's error."""
+    from stepwatch.cli import UsageError
+    from stepwatch.evaluator.inline_rows import INLINE_FIELDS, has_inline_fields
+
+    uses_steps = base_steps is not None
+    for number, line in rows:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(row, dict):
+            continue
+        uses_steps = uses_steps or row.get("expected_steps") is not None
+        if has_inline_fields(row) and "trajectory" not in row and row.get("trace") in (None, ""):
+            given = ", ".join(f"`{name}`" for name in INLINE_FIELDS if name in row)
+            raise UsageError(
+                f"{dataset}:{number}: the row has {given} but no trajectory to score: give `trajectory` "
+                "(the agent's steps) or `trace` (a trace file or an OpenInference span list)"
+            )
+    return uses_steps
+
+
+MISSING_ROW_STEPS = (
+    "no expected steps for this row, while the dataset scores agent.step_accuracy (--expected-steps or "
+    "other rows' `expected_steps`): give the row `expected_steps` or annotate its trace with "
+    "aip.eval.expected_steps (every occurrence must resolve them, or scoring fails)"
+)
+
+
+def _lacks_expected_steps(job: Job | InlineJob | Record) -> bool:
+    """Whether a dataset job scores observed steps (a trace file, or an inline span list) with no
+    expected steps of its own (nor --expected-steps): its trace's annotation may still give them."""
+    if isinstance(job, Record) or (isinstance(job, InlineJob) and not isinstance(job.row.get("trace"), list)):
+        return False
+    return job.expectation is None or job.expectation.expected_steps is None
+
+
+def _require_expected_steps(record: Record) -> Record:
+    """The record with an agent.step_accuracy error result when it scored a partition but produced
+    none (no expected steps resolved): in a dataset that uses step accuracy, missing expected steps
+    fail the row instead of passing silently."""
+    from stepwatch.evaluator.results import ScoreResult
+
+    if record.error is None and all(result.metric != SUMMARY_METRIC for result in record.results):
+        record.results = [*record.results, ScoreResult(metric=SUMMARY_METRIC, error=MISSING_ROW_STEPS)]
+    return record
 
 
 def _dataset_job(
@@ -416,17 +504,18 @@ def _first_error(exc: Any) -> str:
     return f"{where}: {message}" if where else message
 
 
-def _load_or_usage_error(path: str) -> Any:
+def _load_or_usage_error(path: str, limits: Any = None) -> Any:
     from stepwatch.cli import UsageError
 
-    spans = _load_or_error(Path(path), label=path)
+    spans = _load_or_error(Path(path), limits, label=path)
     if isinstance(spans, str):
         raise UsageError(spans)
     return spans
 
 
-def _load_or_error(path: Path, label: str | None = None) -> Any:
-    """The file's spans, or the one-line load error. Rejected spans are reported on stderr."""
+def _load_or_error(path: Path, limits: Any = None, label: str | None = None) -> Any:
+    """The file's spans, or the one-line load error. Rejected spans are reported on stderr.
+    `limits`: serve's `security.limits` (--config), None for serve's defaults."""
     from stepwatch.loaders.files import LoadError, load_file
 
     try:
@@ -442,26 +531,52 @@ def _load_or_error(path: Path, label: str | None = None) -> Any:
         )
     if not loaded.spans:
         return f"{label or path}: no valid spans to score"
-    return _limited(loaded.spans, label or str(path))
+    return _limited(loaded.spans, label or str(path), limits)
 
 
-def _limited(spans: Any, label: str) -> Any:
-    """The spans with serve's close-time limits applied (serve's defaults), so a file scores as
-    the same spans would through `serve`: over-long values truncated, extra attributes dropped,
-    JSON nested too deeply left unwrapped. What was limited is said on stderr."""
+def _limited(spans: Any, label: str, limits: Any = None) -> Any:
+    """The spans with serve's close-time limits applied (`limits`: serve's `security.limits` from
+    --config, else its defaults), so a file scores as the same spans would through `serve`: the
+    attributes scoring reads kept first, over-long values truncated (inside the JSON values scoring
+    unwraps), extra attributes dropped, JSON nested too deeply left unwrapped. What was limited is
+    said on stderr, and whether it cut what scoring reads (the results then carry `limited`)."""
+    from stepwatch.evaluator.limited import limited_of
     from stepwatch.receiver.codec.records import limit_spans
     from stepwatch.security.config import LimitsConfig
     from stepwatch.security.limits import LimitCounters
 
     meter = LimitCounters()
-    spans = limit_spans(list(spans), LimitsConfig(), meter)
+    spans = limit_spans(list(spans), limits if limits is not None else LimitsConfig(), meter)
     if meter.counts:
         hits = ", ".join(f"{name} {count}" for name, count in sorted(meter.counts.items()))
+        cut = limited_of(spans)
         print(
-            f"stepwatch score: warning: {label}: limits applied as serve applies them: {hits}",
+            f"stepwatch score: warning: {label}: limits applied as serve applies them: {hits}"
+            + (f"; they cut values scoring reads ({', '.join(cut)}): results carry `limited`" if cut else ""),
             file=sys.stderr,
         )
     return spans
+
+
+def _limits_config(config: str | None) -> Any:
+    """serve's `security.limits`: from --config (serve's YAML) and the environment as serve reads
+    them (STEPWATCH_CONFIG, STEPWATCH_SECURITY__LIMITS__*), else serve's defaults; the rest of the
+    file is validated as serve would, then ignored. ConfigError is a usage error (exit 2)."""
+    import os
+
+    from stepwatch.security.config import LimitsConfig
+
+    if config is None and not any(
+        name == "STEPWATCH_CONFIG" or name.startswith("STEPWATCH_SECURITY__LIMITS__") for name in os.environ
+    ):
+        return LimitsConfig()  # serve's config module (and its imports) only when asked for
+    from stepwatch.cli import UsageError
+    from stepwatch.config import ConfigError, load_config
+
+    try:
+        return load_config(Path(config) if config is not None else None).security.limits
+    except ConfigError as exc:
+        raise UsageError(f"--config: {str(exc).splitlines()[0]}") from None
 
 
 def _score_spans(
@@ -485,14 +600,51 @@ def _score_spans(
             task_key=partition.task_key,
         )
         try:
-            selected, scorers = _selected_scorers(registry, expectation, args)
-            inp, record.results = _score_partition(partition, selected, scorers, runner)
+            registered = _registered(expectation, partition.task_key, args)
+            selected, scorers = _selected_scorers(registry, registered, args)
+            inp, record.results = _score_partition(partition, selected, scorers, runner, args.limits)
             record.results = _with_unmet_requests(record.results, args)
         except Exception as exc:  # one partition's failure must not stop the others
             record.error = f"{type(exc).__name__}: {exc}"
             yield record, []
             continue
         yield record, _explain_lines(record.results, inp.steps)
+
+
+def _load_expectations_file(args: argparse.Namespace) -> Any:
+    """--expectations through serve's own loader (stepwatch.expectations_file: size caps, scorer
+    names, shape) under --config's `security.limits` (`args.limits`), so a file `score` takes is one
+    `serve` and `check-config` take; None without it."""
+    if not args.expectations:
+        return None
+    from stepwatch.cli import UsageError
+    from stepwatch.evaluator.expectations.store import ExpectationsError
+    from stepwatch.expectations_file import load_expectations_file
+
+    try:
+        return load_expectations_file(Path(args.expectations), getattr(args, "limits", None))
+    except ExpectationsError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _registered(explicit: Any, task_key: str | None, args: argparse.Namespace) -> Any:
+    """The --expectations file's expectation for `task_key` with what the command line or the row
+    gave laid over it (expected steps with their scoring method, rules, plan, outcome steps);
+    `explicit` alone for a task key the file does not register."""
+    store = getattr(args, "expectations_store", None)
+    registered = store.get(task_key) if store is not None else None
+    if registered is None:
+        return explicit
+    from stepwatch.evaluator.expectations.expectation import Expectation
+
+    given = explicit.model_dump() if explicit is not None else {}
+    over: dict[str, Any] = {}
+    if given.get("expected_steps") is not None:
+        over |= {"expected_steps": given["expected_steps"], "scoring_method": given["scoring_method"]}
+    elif args.scoring_method:
+        over["scoring_method"] = args.scoring_method
+    over |= {key: given[key] for key in ("rules", "expected_plan", "expected_trajectory") if given.get(key)}
+    return Expectation.model_validate({**registered.model_dump(), **over}) if over else registered
 
 
 def _judge_runtime(args: argparse.Namespace) -> Any:
@@ -512,16 +664,37 @@ def _judge_runtime(args: argparse.Namespace) -> Any:
                 ("api_key_env", args.judge_api_key_env),
                 ("timeout_s", args.judge_timeout),
                 ("answer_grammar", args.judge_grammar or None),
+                ("decoding", getattr(args, "judge_decoding", None)),
             )
             if value
         }
+        overrides.setdefault("timeout_s", OFFLINE_REQUEST_TIMEOUT_S)
         service: dict[str, Any] = {"backend": args.judge, "openai": OpenAIJudgeConfig(**overrides)}
-        if args.judge_deadline is not None:
-            service["deadline_s"] = args.judge_deadline
         runner = build_runner(JudgeServiceConfig(**service))
+        # offline waits for the judge unless capped: partitions are judged one after another, and a
+        # deadline sized for streaming (60 s) would drop rows a CPU-served model answers in 70 s
+        runner.governor.deadline_s = args.judge_deadline
+        if args.judge == "openai":
+            _say_judge_logs()
         runtime = (ScorerRegistry.builtin().extended(judge_scorer_entries(runner)), runner)
         args.judge_runtime = runtime
     return runtime
+
+
+class _StderrLines(logging.Handler):
+    """`stepwatch score: <message>` on the current sys.stderr (looked up per line, not kept)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"stepwatch score: {record.getMessage()}", file=sys.stderr)
+
+
+def _say_judge_logs() -> None:
+    """The judge's own lines (which decoding mode it chose, fallbacks) on stderr: offline there is
+    no service logging to carry them."""
+    judge_log = logging.getLogger("stepwatch.judge")
+    if not any(isinstance(h, _StderrLines) for h in judge_log.handlers) and not logging.getLogger().handlers:
+        judge_log.addHandler(_StderrLines())
+        judge_log.setLevel(logging.INFO)
 
 
 def _check_scorer_names(args: argparse.Namespace) -> None:
@@ -536,7 +709,9 @@ def _check_scorer_names(args: argparse.Namespace) -> None:
 
 
 def _with_judge_fields(expectation: Any, row: dict[str, Any]) -> Any:
-    """A row's expected_plan / expected_trajectory join its expectation (also for trace-file rows)."""
+    """A row's expected_plan / expected_trajectory join its expectation (also for trace-file rows),
+    and name their judge scorer: a row is its own task, and its field is its request for that
+    scorer (the spec's request fields), as `judge.scorers` is a registered task's."""
     from pydantic import ValidationError
 
     from stepwatch.evaluator.expectations.expectation import Expectation
@@ -545,8 +720,11 @@ def _with_judge_fields(expectation: Any, row: dict[str, Any]) -> Any:
     if not fields:
         return expectation
     base = expectation.model_dump() if expectation is not None else {}
+    named = [JUDGE_SCORER_OF[key] for key in fields]
+    judge = dict(base.get("judge") or {})
+    judge["scorers"] = list(dict.fromkeys([*(judge.get("scorers") or []), *named]))
     try:
-        return Expectation.model_validate({**base, **fields})
+        return Expectation.model_validate({**base, **fields, "judge": judge})
     except ValidationError as exc:
         return _first_error(exc)
 
@@ -598,32 +776,34 @@ def _run_async(inp: Any, scorers: list[Any], runner: Any) -> list[Any]:
     return asyncio.run(scored())
 
 
-def _score_partition(partition: Any, expectation: Any, scorers: list[Any], runner: Any) -> Any:
-    """The engine's own scoring step (evaluator/engine.py), under serve's default limits: a
-    partition too large to align gets the same not_scored results as it would in `serve`."""
+def _score_partition(
+    partition: Any, expectation: Any, scorers: list[Any], runner: Any, limits: Any = None
+) -> Any:
+    """The engine's own scoring step (evaluator/engine.py), under serve's limits: a partition too
+    large to align gets the same not_scored results as it would in `serve`."""
     from stepwatch.evaluator.engine import evaluate
     from stepwatch.receiver.codec import spancore
 
-    done = evaluate(partition, expectation, scorers, _serve_guard(), spancore.observer())
+    done = evaluate(partition, expectation, scorers, _serve_guard(limits), spancore.observer())
     if done.pending:
         done.results.extend(_run_async(done.inp, done.pending, runner))
     return done.inp, done.results
 
 
-def _serve_guard() -> Any:
-    """The scoring guard under serve's default limits."""
+def _serve_guard(limits: Any = None) -> Any:
+    """The scoring guard under serve's limits (`limits`, else serve's defaults)."""
     from stepwatch.security.config import LimitsConfig
     from stepwatch.security.limits import LimitCounters, guard
 
-    limits, meter = LimitsConfig(), LimitCounters()
+    limits, meter = limits if limits is not None else LimitsConfig(), LimitCounters()
     return lambda inp: guard(inp, limits, meter)
 
 
-def _guarded(inp: Any, scorers: list[Any]) -> tuple[list[Any], list[Any]]:
+def _guarded(inp: Any, scorers: list[Any], limits: Any = None) -> tuple[list[Any], list[Any]]:
     """(scorers to run, not_scored results of those serve's guard stops) for an inline row."""
     from stepwatch.evaluator.engine import guarded_scorers
 
-    return guarded_scorers(scorers, _serve_guard()(inp))
+    return guarded_scorers(scorers, _serve_guard(limits)(inp))
 
 
 def _score_inline(job: InlineJob, args: argparse.Namespace) -> Record:
@@ -635,10 +815,13 @@ def _score_inline(job: InlineJob, args: argparse.Namespace) -> Record:
     try:
         expectation, scorers = _selected_scorers(registry, job.expectation, args)
         inp = inline_scoring_input(
-            job.row, expectation, lambda doc: _limited(decode_openinference(doc).spans, job.id), job.id
+            job.row,
+            expectation,
+            lambda doc: _limited(decode_openinference(doc).spans, job.id, args.limits),
+            job.id,
         )
         record.partition_id, record.task_key = inp.partition.id, inp.partition.task_key
-        run, skipped = _guarded(inp, scorers)
+        run, skipped = _guarded(inp, scorers, args.limits)
         record.results = _with_unmet_requests([*_run_async(inp, run, runner), *skipped], args)
     except ValueError as exc:  # DecodeError included: a bad inline trace is this row's error
         record.error = f"{job.id}: {exc}"
@@ -698,6 +881,47 @@ def _format_pass(result: Any) -> str:
 def _columns(rows: list[tuple[str, ...]]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
+
+
+def _finish(records: list[Record]) -> int:
+    """The exit code, after a summary on stderr of every row not scored and why: 1 when any
+    partition or result failed (an error, or a judge that could not score: down, over budget,
+    past --judge-deadline, abstaining), 0 otherwise (a sampled-out judge is a decision)."""
+    lines = not_scored_summary(records)
+    if lines:
+        print("\n".join(lines), file=sys.stderr)
+    return 1 if any(record.failed for record in records) else 0
+
+
+def not_scored_summary(records: list[Record]) -> list[str]:
+    """`stepwatch score: N of M row(s) not fully scored:` then one line per (metric, reason) with
+    its count and the first row ids, for what fails the run (errors, a judge that could not score,
+    a limit); [] when nothing did."""
+    reasons: dict[tuple[str, str], list[str]] = {}
+    rows: set[str] = set()
+    for record in records:
+        if record.error is not None:
+            reasons.setdefault(("row", f"error: {record.error}"), []).append(record.id)
+            rows.add(record.id)
+            continue
+        for result in record.results:
+            if result.error is not None:
+                why = f"error: {result.error}"
+            elif result.not_scored is not None and (
+                _judge_failed(result) or result.metadata.get("limit_exceeded")
+            ):
+                why = result.not_scored
+            else:
+                continue  # scored, or skipped by design (a sampled-out judge, a statistic with no data)
+            reasons.setdefault((result.metric, why), []).append(record.id)
+            rows.add(record.id)
+    if not reasons:
+        return []
+    lines = [f"stepwatch score: {len(rows)} of {len(records)} row(s) not fully scored:"]
+    for (metric, why), ids in sorted(reasons.items(), key=lambda item: -len(item[1])):
+        shown = ", ".join(ids[:5]) + (f", ... ({len(ids) - 5} more)" if len(ids) > 5 else "")
+        lines.append(f"  {len(ids)} x {metric}: {why} [{shown}]")
+    return lines
 
 
 def _print_table(records: list[Record], explains: dict[int, list[str]], out: TextIO) -> None:

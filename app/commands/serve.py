@@ -183,12 +183,15 @@ def flag_overrides(args: argparse.Namespace) -> dict[str, tuple[object, str]]:
 
 async def run_until_signalled(service: Service, ready: Callable[[], None] = lambda: None) -> None:
     """The lifespan of a serving process: start `service` (`ready` once it listens), serve until
-    SIGTERM or SIGINT, then drain it. A start-up failure (a port in use) is a UsageError."""
+    SIGTERM or SIGINT, then drain it. A start-up failure (the data dir held by another process, a
+    port in use) is a UsageError; `start` has stopped what it started, so nothing is drained."""
     import asyncio
     import logging
     import signal
 
     from stepwatch.cli import UsageError
+    from stepwatch.data_dir import DataDirInUse
+    from stepwatch.exporters.spool import SpoolLockedError
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -196,8 +199,9 @@ async def run_until_signalled(service: Service, ready: Callable[[], None] = lamb
         loop.add_signal_handler(sig, stop.set)
     try:
         await service.start()
+    except (DataDirInUse, SpoolLockedError) as exc:
+        raise UsageError(str(exc)) from None
     except OSError as exc:
-        await service.shutdown()
         raise UsageError(f"cannot start: {exc.strerror or exc}") from None
     ready()
     await stop.wait()

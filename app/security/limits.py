@@ -14,16 +14,19 @@ every limit has a counter (`stepwatch_limits_exceeded_total{limit}`). Policy per
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from stepwatch.evaluator.expectations.expectation import Expectation, ExpectedStep
-from stepwatch.evaluator.expectations.store import ExpectationsError, ExpectationsStore, parse_expectations
+from stepwatch.evaluator.limited import LIMITED_ATTRIBUTE, STEP_IO_KEYS, reads_step_io, unwrapped_attribute
+from stepwatch.evaluator.limited import TRUNCATION_MARK as TRUNCATION_MARK  # defined with the other marks
 from stepwatch.evaluator.model import Span
 from stepwatch.evaluator.scorers.base import ScoringInput
+from stepwatch.evaluator.steps import EMBEDDED_CALL_PREFIXES, GENAI_OUTPUT_MESSAGES, unwrap_json
 
 from .config import LimitsConfig
 
@@ -55,8 +58,6 @@ LIMIT_NAMES: tuple[str, ...] = (
     DP_CELLS,
 )
 """Every limit this module enforces: the `limit` label's complete value set."""
-
-TRUNCATION_MARK = "…[truncated]"
 
 
 class LimitExceeded(ValueError):
@@ -214,16 +215,134 @@ def limit_attributes(attributes: dict[str, Any], limits: LimitsConfig) -> tuple[
     return (out if out is not None else attributes), dropped, truncated
 
 
-def apply_span_limits(spans: Sequence[Span], limits: LimitsConfig, meter: LimitMeter) -> SpanLimitResult:
+def _truncate_leaves(value: Any, max_len: int) -> tuple[Any, int]:
+    """`_truncate` through a parsed JSON value at any depth (its depth was checked before parsing)."""
+    if isinstance(value, str):
+        return (value[:max_len] + TRUNCATION_MARK, 1) if len(value) > max_len else (value, 0)
+    if isinstance(value, list):
+        items = [_truncate_leaves(item, max_len) for item in value]
+        count = sum(n for _, n in items)
+        return ([new for new, _ in items], count) if count else (value, 0)
+    if isinstance(value, dict):
+        pairs = {key: _truncate_leaves(item, max_len) for key, item in value.items()}
+        count = sum(n for _, n in pairs.values())
+        return ({key: new for key, (new, _) in pairs.items()}, count) if count else (value, 0)
+    return value, 0
+
+
+def _has_mark(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.endswith(TRUNCATION_MARK)
+    if isinstance(value, list):
+        return any(_has_mark(item) for item in value)
+    if isinstance(value, dict):
+        return any(_has_mark(item) for item in value.values())
+    return False
+
+
+def _truncate_json(key: str, text: str, limits: LimitsConfig) -> tuple[str, int, bool]:
+    """A JSON object or array that scoring unwraps, over the length limit: each string inside it is
+    truncated instead of the whole text, so its fields survive (re-serialised compactly; kept as
+    it is when no string inside is over). (value, strings truncated, whether scoring lost anything:
+    a string it reads was cut, or the text was not JSON and was truncated whole)."""
+    max_len = limits.max_attribute_value_length
+    parsed: Any = text
+    if text.lstrip()[:1] in ("{", "[") and not json_depth_exceeds(text, limits.max_json_depth):
+        parsed = unwrap_json(text)  # the step extractor's own (strict) JSON reading
+    if isinstance(parsed, str):  # not JSON: truncated whole, as any other value
+        new, count = _truncate(text, max_len)
+        return new, count, bool(count)
+    new, count = _truncate_leaves(parsed, max_len)
+    if not count:
+        return text, 0, False
+    lost = True
+    if key == GENAI_OUTPUT_MESSAGES and isinstance(new, list):  # text parts matter not, tool calls do
+        lost = any(
+            isinstance(part, dict) and part.get("type") == "tool_call" and _has_mark(part)
+            for message in new
+            if isinstance(message, dict)
+            for part in message.get("parts") or ()
+        )
+    return json.dumps(new, ensure_ascii=False, separators=(",", ":")), count, lost
+
+
+def limit_span_attributes(
+    span: Span, limits: LimitsConfig, scoring: Container[str]
+) -> tuple[dict[str, Any], int, int, set[str]]:
+    """`limit_attributes` of a span's own attributes with the scoring attributes read first:
+    (attributes, dropped, truncated, names of the limits that cut something scoring reads).
+
+    Under `max_attributes_per_span` the `scoring` keys keep their place and the cap drops the rest
+    (an LLM span with a long conversation keeps its token counts and tool calls); a JSON value scoring
+    unwraps (unwrapped_attribute) has the strings inside it truncated instead of the whole text. Values
+    scoring reads only on some spans (tool inputs/outputs: steps and roots) count only there."""
+    attributes = span.attributes
+    hits: set[str] = set()
+    cap = limits.max_attributes_per_span
+    dropped = max(0, len(attributes) - cap)
+    if dropped:
+        first = [key for key in attributes if key in scoring]
+        if len(first) > cap:
+            hits.add(ATTRIBUTES_PER_SPAN)
+            keep = set(first[:cap])
+        else:
+            keep = set(first)
+            keep.update([key for key in attributes if key not in scoring][: cap - len(first)])
+        attributes = {key: value for key, value in attributes.items() if key in keep}
+    max_len = limits.max_attribute_value_length
+    step_io: bool | None = None  # whether scoring reads STEP_IO_KEYS here: asked once, when needed
+    truncated = 0
+    out: dict[str, Any] | None = None
+    for key, value in attributes.items():
+        if key in STEP_IO_KEYS:
+            if step_io is None:
+                step_io = reads_step_io(span)
+            read = step_io
+        elif key.startswith(EMBEDDED_CALL_PREFIXES):
+            read = ".tool_call." in key  # an output message's text is not read, its tool calls are
+        else:
+            read = key in scoring
+        if read and isinstance(value, str) and len(value) > max_len and unwrapped_attribute(key):
+            new, n, lost = _truncate_json(key, value, limits)
+        else:
+            new, n = _truncate(value, max_len)
+            lost = read and bool(n)
+        if lost:
+            hits.add(ATTRIBUTE_VALUE_LENGTH)
+        if n:
+            if out is None:
+                out = dict(attributes)
+            out[key] = new
+            truncated += n
+    return (out if out is not None else attributes), dropped, truncated, hits
+
+
+def mark_limited(attributes: dict[str, Any], hits: set[str]) -> dict[str, Any]:
+    """The attributes with LIMITED_ATTRIBUTE naming `hits` (merged with any it holds), in place."""
+    held = attributes.get(LIMITED_ATTRIBUTE)
+    attributes[LIMITED_ATTRIBUTE] = sorted(hits | set(held if isinstance(held, list) else ()))
+    return attributes
+
+
+def apply_span_limits(
+    spans: Sequence[Span], limits: LimitsConfig, meter: LimitMeter, scoring: Container[str] | None = None
+) -> SpanLimitResult:
     """Enforce spans-per-request (excess rejected), attributes-per-span and value length (trimmed).
 
     The first `max_spans_per_request` spans in document order are kept, so a client's retry of the
-    rejected tail is not a duplicate of what was accepted.
+    rejected tail is not a duplicate of what was accepted. `scoring`: the attributes scoring reads
+    (pipeline.scoring_attributes), read before the caps apply to the rest (limit_span_attributes);
+    a span whose scoring values were still cut is marked (evaluator/limited.py).
     """
     kept = list(spans[: limits.max_spans_per_request])
     result = SpanLimitResult(spans=kept, rejected=len(spans) - len(kept))
     for i, span in enumerate(kept):
-        attrs, dropped, truncated = limit_attributes(span.attributes, limits)
+        if scoring is None:
+            attrs, dropped, truncated = limit_attributes(span.attributes, limits)
+        else:
+            attrs, dropped, truncated, hits = limit_span_attributes(span, limits, scoring)
+            if hits:
+                attrs = mark_limited(dict(attrs), hits)
         res_attrs, res_dropped, res_truncated = limit_attributes(span.resource_attributes, limits)
         if dropped or truncated or res_dropped or res_truncated:
             kept[i] = span.model_copy(update={"attributes": attrs, "resource_attributes": res_attrs})
@@ -285,35 +404,6 @@ def scoring_guard(
             meter.exceeded(DP_CELLS)
             return f"limit {DP_CELLS}: {len(expected)} expected x {n_observed} observed steps, over {limits.max_dp_cells} cells"
     return None
-
-
-def load_bounded_expectations(
-    path: Path,
-    check_scorers: Callable[[Iterable[str]], None] | None,
-    limits: LimitsConfig,
-    meter: LimitMeter,
-) -> ExpectationsStore:
-    """Load an expectations file within the size, step and group caps; ExpectationsError otherwise,
-    so start-up fails with one line and a hot reload keeps the last good version."""
-    try:
-        data = read_bounded(path, limits.max_expectations_file_bytes, meter)
-    except LimitExceeded as exc:
-        raise ExpectationsError(f"{path}: {exc} (security.limits.max_expectations_file_bytes)") from None
-    except OSError as exc:
-        raise ExpectationsError(f"{path}: cannot read expectations file: {exc.strerror or exc}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ExpectationsError(f"{path}: not UTF-8 text") from None
-    store = parse_expectations(text, str(path), check_scorers)
-    for key in store.task_keys:
-        expectation = store.get(key)
-        assert expectation is not None
-        try:
-            check_expectation(f"task {key!r}", expectation, limits, meter)
-        except LimitExceeded as exc:
-            raise ExpectationsError(f"{path}: {exc}") from None
-    return store
 
 
 def guard(inp: ScoringInput, limits: LimitsConfig, meter: LimitMeter) -> str | None:

@@ -11,7 +11,6 @@ import hashlib
 import json
 import typing
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -55,10 +54,14 @@ def parse_expectations(
     text: str,
     source: str = "<expectations>",
     check_scorers: Callable[[Iterable[str]], None] | None = None,
+    no_tasks: Callable[[Mapping[str, Any]], str] | None = None,
 ) -> ExpectationsStore:
     """Parse a YAML or JSON expectations document; ExpectationsError names task key and field.
 
-    `check_scorers` (e.g. `ScorerRegistry.check_names`) validates explicit `scorers:` lists.
+    `check_scorers` (e.g. `ScorerRegistry.check_listed`) validates explicit `scorers:` lists;
+    `no_tasks` says what a top-level mapping without `tasks:` looks like instead (a service config,
+    task keys missing their `tasks:`), which only the caller knows. Files are read by one loader,
+    `stepwatch.expectations_file.load_expectations_file`, which applies the size caps too.
     """
     try:
         document = yaml.safe_load(text)
@@ -77,6 +80,8 @@ def parse_expectations(
     if not isinstance(document, dict):
         raise ExpectationsError(f"{source}: the top level must be a mapping with `tasks:`")
     unknown = sorted(set(document) - {"tasks"})
+    if unknown and "tasks" not in document and no_tasks is not None:
+        raise ExpectationsError(no_tasks(document))
     if unknown:
         raise ExpectationsError(
             f"{source}: unknown top-level key(s) {', '.join(map(repr, unknown))}; expected `tasks:`"
@@ -110,16 +115,6 @@ def parse_expectations(
     if problems:
         raise ExpectationsError("\n".join(problems))
     return ExpectationsStore(parsed, source, hashlib.sha256(text.encode()).hexdigest()[:16])
-
-
-def load_expectations(
-    path: Path, check_scorers: Callable[[Iterable[str]], None] | None = None
-) -> ExpectationsStore:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ExpectationsError(f"{path}: cannot read expectations file: {exc.strerror or exc}") from None
-    return parse_expectations(text, str(path), check_scorers)
 
 
 def _where(loc: tuple[int | str, ...]) -> str:

@@ -25,6 +25,9 @@ missing or says neither is malformed.
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -306,4 +309,129 @@ def read_answers(
             raise JudgeMalformed(f"no logprobs for answer {key!r} and require_logprobs is set")
         else:
             raise JudgeMalformed(f"no answer for {key!r} in {text[:120]!r}")
+    return answers
+
+
+def _answer_word(candidate: str, evidence: bool) -> str:
+    """A candidate's word as an answer: quotes and punctuation dropped, `S2` read as a step."""
+    word = _word(candidate).strip('"')
+    return "s" if evidence and re.fullmatch(r"s\d+", word) else word
+
+
+def _at(
+    entries: Sequence[Mapping[str, Any]], starts: Sequence[int], offset: int
+) -> tuple[Mapping[str, Any], int]:
+    """The token holding text offset `offset`, and how many of its characters come before it."""
+    index = max(0, bisect.bisect_right(starts, offset) - 1)
+    return entries[index], offset - starts[index]
+
+
+def _json_mass(
+    entry: Mapping[str, Any], before: int, words: tuple[frozenset[str], frozenset[str]], evidence: bool
+) -> float | None:
+    """p(first word) at a position `before` characters into `entry`: only candidates that write the
+    same characters up to the position count (a JSON token may carry the opening quote)."""
+    written = str(entry["token"])[:before]
+    first = second = 0.0
+    for candidate in list(entry.get("top_logprobs") or []) or [entry]:
+        try:
+            token, probability = str(candidate["token"]), math.exp(float(candidate["logprob"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise JudgeMalformed(f"unreadable top_logprobs entry: {candidate!r}") from exc
+        if not token.startswith(written) or token[before:][:1].isspace():
+            continue
+        word = _answer_word(token[before:], evidence)
+        if word in words[0]:
+            first += probability
+        elif word in words[1]:
+            second += probability
+    return first / (first + second) if first + second > 0 else None
+
+
+def _json_where(
+    value: str, value_at: int, entries: Sequence[Mapping[str, Any]], starts: Sequence[int], steps: int | None
+) -> tuple[tuple[int, float], ...]:
+    """Which agent step a performed evidence answer names: the digit after its `S`, spread by that
+    digit's top_logprobs (steps past the trajectory's last dropped), else the number written."""
+    named = re.search(r"S(\d+)", value)
+    if named is None:
+        return ()
+    number = int(named.group(1))
+    written = ((number - 1, 1.0),) if number >= 1 and (steps is None or number <= steps) else ()
+    if len(named.group(1)) > 1 or not entries:
+        return written
+    entry, before = _at(entries, starts, value_at + named.start(1))
+    prefix = str(entry["token"])[:before]
+    found: dict[int, float] = {}
+    for candidate in list(entry.get("top_logprobs") or []) or [entry]:
+        token = str(candidate.get("token", ""))
+        digit = token[before : before + 1] if token.startswith(prefix) else ""
+        if digit.isdigit() and digit != "0" and (steps is None or int(digit) <= steps):
+            found[int(digit)] = found.get(int(digit), 0.0) + math.exp(float(candidate["logprob"]))
+    total = sum(found.values())
+    return tuple(sorted((n - 1, p / total) for n, p in found.items())) if total > 0 else written
+
+
+def read_json_answers(
+    choice: Mapping[str, Any],
+    lines: Sequence[str],
+    require_logprobs: bool = False,
+    evidence: bool = False,
+    steps: int | None = None,
+    verdicts: bool = False,
+) -> list[Answer]:
+    """One Answer per line from a JSON-schema completion (`{"E1. look up order": "yes S1", ...}`,
+    grammar.answer_schema): each answer's p(yes) read at its own token, as in the line format —
+    the value's first word (yes/no, S/none), or a verdict value's last word — and `where` from the
+    digit after `S`. Without logprobs at a position, the value's text (p 1.0/0.0, `answer_text`)."""
+    message = choice.get("message") or {}
+    text = str(message.get("content") or "") if isinstance(message, Mapping) else ""
+    try:
+        values = json.loads(text)
+    except ValueError as exc:
+        raise JudgeMalformed(f"not the JSON answers asked for: {text[:120]!r}") from exc
+    if not isinstance(values, dict):
+        raise JudgeMalformed(f"not the JSON answers asked for: {text[:120]!r}")
+    logprobs = choice.get("logprobs")
+    content = logprobs.get("content") if isinstance(logprobs, Mapping) else None
+    entries = _entries(content) if isinstance(content, list) else []
+    if "".join(str(entry["token"]) for entry in entries) != text:
+        entries = []  # token offsets must index the text, else read the text alone
+    starts = list(itertools.accumulate((len(str(entry["token"])) for entry in entries), initial=0))[:-1]
+    answers: list[Answer] = []
+    cursor = 0
+    for line in lines:
+        value = values.get(line)
+        if not isinstance(value, str):
+            raise JudgeMalformed(f"no answer for {line!r} in {text[:120]!r}")
+        is_evidence = evidence and line.startswith("E")
+        verdict = is_evidence and verdicts
+        last = value.rsplit(" ", 1)[-1] if verdict else value.split(" ", 1)[0]
+        said_yes = _answer_word(last, is_evidence and not verdict) in (
+            YES_TOKENS | (STEP_TOKENS if is_evidence and not verdict else frozenset())
+        )
+        key = json.dumps(line, ensure_ascii=False)
+        found = re.compile(re.escape(key) + r'\s*:\s*"').search(text, cursor)
+        p: float | None = None
+        where: tuple[tuple[int, float], ...] = ()
+        if found is not None and entries:
+            cursor = found.end()
+            words = (
+                (STEP_TOKENS | YES_TOKENS, NONE_TOKENS | NO_TOKENS)
+                if is_evidence and not verdict
+                else (YES_TOKENS, NO_TOKENS)
+            )
+            offset = found.end() + (len(value) - len(last) if verdict else 0)
+            entry, before = _at(entries, starts, offset)
+            p = _json_mass(entry, before, words, is_evidence and not verdict)
+            if p is not None and is_evidence and said_yes:
+                where = _json_where(value, found.end(), entries, starts, steps)
+        if p is not None:
+            answers.append(Answer(p, "logprobs", where))
+            continue
+        if require_logprobs:
+            raise JudgeMalformed(f"no logprobs for answer {line!r} and require_logprobs is set")
+        named = re.search(r"S(\d+)", value) if is_evidence and said_yes else None
+        place = ((int(named.group(1)) - 1, 1.0),) if named else ()
+        answers.append(Answer(1.0 if said_yes else 0.0, "answer_text", place))
     return answers

@@ -83,10 +83,11 @@ class JudgeGovernor:
         self,
         global_budget: JudgeBudget | None = None,
         clock: Callable[[], float] = time.time,
-        deadline_s: float = 60.0,
+        deadline_s: float | None = 60.0,
     ) -> None:
         self._clock = clock
         self.deadline_s = deadline_s
+        """Per partition, retries included; None waits (offline `stepwatch score` without a cap)."""
         self._global = DailyBudget(global_budget, "global", clock) if global_budget else None
         self._per_task: dict[str, DailyBudget] = {}
         self.counters: Counter[str] = Counter()

@@ -1,20 +1,23 @@
 """The embedded default judge: no network, no key, deterministic, microseconds per question.
 
 It answers from lexical evidence (evaluator/judge/textsim.py: stemmed content-word coverage with a
-small lexicon of action classes, tool names weighed above tool arguments) mapped to a probability
-by a fixed logistic curve, so answers read like a calibrated judge's (0.98, 0.62, 0.05) rather
-than 0/1. Limits are documented in docs/judges.md: it knows words, not meaning.
+small lexicon of action classes, tool names weighed above tool arguments, cut when the tool names
+a different action or object) mapped to a probability by a fixed logistic curve. Evidence between
+WEAK_EVIDENCE's bounds is no evidence either way (its verdicts were right half the time on the
+labelled sets): a result that such answers would decide is an abstention, and a decided result's
+confidence is the measured accuracy of its answers (`answer_accuracy`), not |p - 0.5| x 2.
+Limits are documented in docs/judges.md: it knows words, not meaning.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import combinations
 
 from .base import Answer, BudgetHook, JudgeBatch, JudgeMalformed, Question
 from .stats import JudgeStats
-from .textsim import completion_evidence, coverage
+from .textsim import completion_evidence, evidence
 
 FLOOR, CEILING = 0.02, 0.98
 """Never certain: lexical evidence can be wrong both ways."""
@@ -26,6 +29,19 @@ FULL_MIDPOINT = 0.7
 """`fully_accomplishes` needs most of the step's words covered (see textsim.completion_evidence)."""
 
 STEEPNESS = 10.0
+
+WEAK_EVIDENCE = (0.3, 0.7)
+"""Evidence in [low, high) decides nothing: on the dev sets (tests/evaluator/judge/data: the
+paraphrase pairs, trajectories and outcome runs) its verdicts were right 50 % of the time."""
+
+ACCURACY_YES, ACCURACY_NO = 0.93, 0.63
+"""Measured per-step accuracy of a `yes` (evidence >= 0.7) and a `no` (< 0.3) on every held-out
+set (paraphrase pairs heldout and heldout2, trajectories test, outcome runs heldout, the
+paraphrase held-out trajectories: 231 steps; tests/evaluator/judge/test_local_judge.py
+recomputes them): a `no` is much less sure, since a synonym outside the lexicon reads as absence
+(0.41 on the paraphrase set alone)."""
+
+ABSTAIN_REASON = "local judge: no evidence either way"
 
 
 def calibrate(evidence: float, midpoint: float = MIDPOINT) -> float:
@@ -63,10 +79,10 @@ class LocalJudge:
             return self._order(actions, targets)
         if question.kind == "contributes":
             action = actions[int(question.args["index"])]
-            return calibrate(coverage(targets[int(question.args["step"])], action))
+            return calibrate(evidence(targets[int(question.args["step"])], action))
         step = targets[int(question.args["index"])]
         if question.kind == "accomplishes":
-            return calibrate(max((coverage(step, a) for a in actions), default=0.0))
+            return calibrate(max((evidence(step, a) for a in actions), default=0.0))
         if question.kind == "fully_accomplishes":
             return calibrate(completion_evidence(step, actions), FULL_MIDPOINT)
         raise JudgeMalformed(f"unknown question kind {question.kind!r}")
@@ -81,7 +97,7 @@ class LocalJudge:
         """
         positions: list[int] = []
         for step in targets:
-            scored = [(coverage(step, a), -i) for i, a in enumerate(actions)]
+            scored = [(evidence(step, a), -i) for i, a in enumerate(actions)]
             if scored:
                 best, negative_index = max(scored)
                 if best >= MIDPOINT:
@@ -93,3 +109,50 @@ class LocalJudge:
             return 0.97
         in_order = sum(1 for a, b in pairs if a <= b) / len(pairs)
         return 0.03 + 0.94 * in_order
+
+
+_WEAK_P = (calibrate(WEAK_EVIDENCE[0]), calibrate(WEAK_EVIDENCE[1]))
+
+
+def is_weak(p: float) -> bool:
+    """Whether a lexical answer's p comes from evidence too weak to decide anything."""
+    return _WEAK_P[0] <= p < _WEAK_P[1]
+
+
+def answer_accuracy(p: float) -> float:
+    """How often a lexical answer like this one was right on the held-out sets (0.5: weak)."""
+    if is_weak(p):
+        return 0.5
+    return ACCURACY_YES if p >= 0.5 else ACCURACY_NO
+
+
+def verdict_confidence(probabilities: Sequence[float], passes: Callable[[list[float]], bool]) -> float:
+    """P(the pass/fail verdict is right), each decided answer right with its measured accuracy,
+    independently: the share (by probability) of ways its answers could be wrong that leave the
+    verdict as it is. The 8 least sure answers are enumerated (256 cases, ~1.5 ms at most); the
+    others are taken as right."""
+    verdict = passes(list(probabilities))
+    order = sorted(range(len(probabilities)), key=lambda i: answer_accuracy(probabilities[i]))[:8]
+    right = 0.0
+    for flips in range(1 << len(order)):
+        chance, changed = 1.0, list(probabilities)
+        for bit, index in enumerate(order):
+            accuracy = answer_accuracy(probabilities[index])
+            if flips >> bit & 1:
+                chance *= 1.0 - accuracy
+                changed[index] = 1.0 - changed[index]
+            else:
+                chance *= accuracy
+        if passes(changed) == verdict:
+            right += chance
+    return right
+
+
+def undecided(probabilities: Sequence[float], passes: Callable[[list[float]], bool]) -> bool:
+    """Whether the weak answers decide the verdict: it differs with them all no and all yes."""
+    weak = [i for i, p in enumerate(probabilities) if is_weak(p)]
+    if not weak:
+        return False
+    low = [0.0 if i in weak else p for i, p in enumerate(probabilities)]
+    high = [1.0 if i in weak else p for i, p in enumerate(probabilities)]
+    return passes(low) != passes(high)

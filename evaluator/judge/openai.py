@@ -4,7 +4,10 @@ llama.cpp's server, Ollama, LiteLLM), over aiohttp.
 Batch -> requests: one request per question group (trajectory_steps: one per trajectory;
 plan_adherence: one per plan step). The completion fills in one answer line per question, and
 each answer's p(yes) is read from its answer token's top_logprobs (evaluator/judge/answers.py).
-With `answer_grammar` the request carries a GBNF grammar (llama.cpp) that admits only those lines.
+Where the server can constrain decoding the request holds the answers to those lines: `decoding:
+auto` (the default) probes the server once and sends a GBNF grammar to llama.cpp's server, a strict
+JSON schema (`response_format`) to vLLM and OpenAI, and falls back to free text (logged) when the
+server is something else or rejects the constraint.
 A server that returns no logprobs gives answers marked `answer_text` (p 1.0/0.0, counted in
 stats.answers) or, with `require_logprobs`, JudgeMalformed. Requests of one batch run concurrently
 under `max_concurrency`; a request's answers are cached by (model, prompt version, messages).
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import logging
 import os
 import time
 from collections import deque
@@ -23,7 +27,7 @@ from typing import Any
 
 import aiohttp
 
-from .answers import order_from_positions, read_answers
+from .answers import order_from_positions, read_answers, read_json_answers
 from .base import (
     Answer,
     BudgetHook,
@@ -37,10 +41,35 @@ from .base import (
     stable_hash,
 )
 from .cache import JudgeCache
-from .grammar import answer_grammar
+from .grammar import answer_grammar, answer_schema
 from .prompt import RenderedGroup, prompt_file, render_group
 from .settings import OpenAIJudgeConfig
 from .stats import JudgeStats
+
+log = logging.getLogger("stepwatch.judge")
+
+PROBE_TIMEOUT_S = 5.0
+"""A probe that takes longer decides `none`: detection must never hold up judging."""
+
+
+def server_root(base_url: str) -> str:
+    """The server's root for llama.cpp's own endpoints (`/props`): base_url without its `/v1`."""
+    root = base_url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+def decoding_from_models(listing: Any, model: str) -> str | None:
+    """`gbnf` when GET /models says the model is served by llama.cpp (`owned_by: llamacpp`),
+    `json_schema` when by vLLM (`owned_by: vllm`: structured outputs)."""
+    data = listing.get("data") if isinstance(listing, Mapping) else None
+    if not isinstance(data, list):
+        return None
+    entries = [entry for entry in data if isinstance(entry, Mapping)]
+    named = [entry for entry in entries if entry.get("id") == model] or entries[:1]
+    owner = str(named[0].get("owned_by", "")).lower() if named else ""
+    if "llamacpp" in owner or "llama.cpp" in owner:
+        return "gbnf"
+    return "json_schema" if owner == "vllm" else None
 
 
 def retry_after_seconds(value: str | None, now: float) -> float | None:
@@ -86,6 +115,11 @@ class OpenAIJudge:
         self._sent: deque[float] = deque()
         self._session: aiohttp.ClientSession | None = None
         self._semaphore: asyncio.Semaphore | None = None
+        self._probe_lock: asyncio.Lock | None = None
+        requested = "gbnf" if config.answer_grammar else config.decoding
+        self.decoding: str | None = None if requested == "auto" else requested
+        """How answers are constrained (`gbnf`, `none`); None until the first request's probe."""
+        self._detected = requested == "auto"
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -96,6 +130,9 @@ class OpenAIJudge:
         if self._session is None:
             self._session = aiohttp.ClientSession()
             self._semaphore = asyncio.Semaphore(self.config.max_concurrency)
+            self._probe_lock = asyncio.Lock()
+        if self.decoding is None:
+            await self._detect_decoding()
         groups = list(batch.groups().values())
         rendered = [render_group(batch, indices, self.prompt) for indices in groups]
         tasks = [asyncio.create_task(self._answer(group, budget)) for group in rendered]
@@ -110,10 +147,75 @@ class OpenAIJudge:
                 answers[index] = answer
         return [answer for answer in answers if answer is not None]
 
-    async def _answer(self, group: RenderedGroup, budget: BudgetHook | None) -> tuple[Answer, ...]:
-        key = stable_hash(
-            [self.config.model, self.prompt.version, self.config.answer_grammar, group.messages]
+    async def _detect_decoding(self) -> None:
+        """Probe the server once (per judge, not per request): GET /models, then GET /props at the
+        root. Any failure (refused, 404, not JSON, slow) decides `none`; the choice is logged."""
+        assert self._probe_lock is not None and self._session is not None
+        async with self._probe_lock:
+            if self.decoding is not None:
+                return
+            cfg = self.config
+            timeout = aiohttp.ClientTimeout(total=min(PROBE_TIMEOUT_S, cfg.timeout_s))
+            found: str | None = None
+            why = "no llama.cpp or vLLM server found (GET /models, GET /props)"
+            if "://api.openai.com" in cfg.base_url:
+                self.decoding = "json_schema"
+                log.info(
+                    "judge openai at %s: answer lines held by a strict JSON schema (OpenAI)", cfg.base_url
+                )
+                return
+            probes = (
+                (cfg.base_url.rstrip("/") + "/models", "/models"),
+                (server_root(cfg.base_url) + "/props", "/props"),
+            )
+            for url, signal in probes:
+                try:
+                    async with self._session.get(
+                        url, headers=self._headers(), params=cfg.query, timeout=timeout
+                    ) as response:
+                        listing = await response.json(content_type=None) if response.status == 200 else None
+                except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                    why = f"probe of {url} failed ({type(exc).__name__})"
+                    continue
+                if signal == "/props":
+                    is_llama = isinstance(listing, Mapping) and "default_generation_settings" in listing
+                    found = "gbnf" if is_llama else None
+                else:
+                    found = decoding_from_models(listing, cfg.model)
+                if found is not None:
+                    server, owner = ("llama.cpp", "llamacpp") if found == "gbnf" else ("vLLM", "vllm")
+                    detail = f"/models owned_by {owner}" if signal == "/models" else signal
+                    why = f"{server} server detected ({detail})"
+                    break
+            self.decoding = found or "none"
+            if self.decoding != "none":
+                held = "a GBNF grammar" if self.decoding == "gbnf" else "a strict JSON schema"
+                log.info("judge openai at %s: answer lines constrained by %s: %s", cfg.base_url, held, why)
+            else:
+                log.info(
+                    "judge openai at %s: answer lines not constrained (%s); a model may stop before the "
+                    "last answer line (decoding: gbnf or json_schema to force one)",
+                    cfg.base_url,
+                    why,
+                )
+
+    def _fall_back(self, status: int, detail: str) -> bool:
+        """A server that rejects the detected constraint: answer unconstrained from now on (logged)."""
+        if not self._detected or self.decoding not in ("gbnf", "json_schema"):
+            return False
+        held = "GBNF grammar" if self.decoding == "gbnf" else "JSON schema"
+        self.decoding = "none"
+        log.warning(
+            "judge openai at %s rejected the %s (HTTP %d: %s); answer lines no longer constrained",
+            self.config.base_url,
+            held,
+            status,
+            detail[:120],
         )
+        return True
+
+    async def _answer(self, group: RenderedGroup, budget: BudgetHook | None) -> tuple[Answer, ...]:
+        key = stable_hash([self.config.model, self.prompt.version, self.decoding, group.messages])
         cached = self.cache.get(key)
         if cached is not None:
             self.stats.count("cached")
@@ -163,7 +265,7 @@ class OpenAIJudge:
             "logprobs": True,
             "top_logprobs": cfg.top_logprobs,
         }
-        if cfg.answer_grammar:  # llama.cpp-family fields (OpenAI rejects them)
+        if self.decoding == "gbnf":  # llama.cpp-family fields (OpenAI rejects them)
             body["grammar"] = answer_grammar(
                 group.lines, group.steps if group.evidence else None, group.yes_then_step, group.labels
             )
@@ -171,20 +273,31 @@ class OpenAIJudge:
             # repeated `yes` / `S2` away from what the logits say: the written answers then
             # drift from their logprobs.
             body["repeat_penalty"] = 1.0
+        elif self.decoding == "json_schema":  # OpenAI / vLLM structured outputs
+            schema = answer_schema(
+                group.lines, group.steps if group.evidence else None, group.yes_then_step, group.labels
+            )
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "answers", "strict": True, "schema": schema},
+            }
+            body[cfg.max_tokens_field] += 4 * len(group.lines) + 4  # quotes, braces, commas
         return body
 
     async def _request(self, group: RenderedGroup, budget: BudgetHook | None) -> tuple[Answer, ...]:
         cfg = self.config
-        body = self._body(group)
         url = cfg.base_url.rstrip("/") + "/chat/completions"
         timeout = aiohttp.ClientTimeout(total=cfg.timeout_s)
         assert self._session is not None
         failure: JudgeError = JudgeUnavailable("no attempt made")
-        for attempt in range(cfg.max_retries + 1):
+        attempt = 0
+        while attempt <= cfg.max_retries:
+            body = self._body(group)
+            attempt += 1
             if budget is not None:
                 budget.spend_request()
             await self._take_rpm_slot()
-            delay = self._backoff(attempt)
+            delay = self._backoff(attempt - 1)
             try:
                 async with self._session.post(
                     url, json=body, headers=self._headers(), params=cfg.query, timeout=timeout
@@ -203,20 +316,25 @@ class OpenAIJudge:
                     elif response.status >= 400:
                         self.stats.count("error")
                         detail = (await response.text())[:200]
+                        if response.status in (400, 422) and self._fall_back(response.status, detail):
+                            attempt -= 1  # the same request without the grammar: not a retry
+                            continue
                         raise JudgeError(f"HTTP {response.status} from {cfg.base_url}: {detail}")
                     else:
-                        return self._read(await response.read(), group, budget)
+                        return self._read(await response.read(), group, budget, "response_format" in body)
             except TimeoutError:
                 self.stats.count("timeout")
                 failure = JudgeTimeout(f"no answer from {cfg.base_url} within {cfg.timeout_s}s")
             except aiohttp.ClientError as exc:
                 self.stats.count("error")
                 failure = JudgeUnavailable(f"{type(exc).__name__} talking to {cfg.base_url}: {exc}")
-            if attempt < cfg.max_retries:
+            if attempt <= cfg.max_retries:
                 await self._sleep(delay)
         raise failure
 
-    def _read(self, raw: bytes, group: RenderedGroup, budget: BudgetHook | None) -> tuple[Answer, ...]:
+    def _read(
+        self, raw: bytes, group: RenderedGroup, budget: BudgetHook | None, as_json: bool = False
+    ) -> tuple[Answer, ...]:
         """Parse a 2xx body: answers, token usage, cost. Malformed bodies are not retried (a
         deterministic model would answer the same again), but their tokens are still paid for."""
         try:
@@ -236,15 +354,25 @@ class OpenAIJudge:
         if budget is not None:
             budget.spend_usd(cost)
         try:
-            read = read_answers(
-                choice,
-                group.keys,
-                self.config.require_logprobs,
-                group.lines,
-                evidence=group.evidence,
-                steps=group.steps if group.evidence else None,
-                verdicts=group.verdict_after_step,
-            )
+            if as_json:
+                read = read_json_answers(
+                    choice,
+                    group.lines,
+                    self.config.require_logprobs,
+                    evidence=group.evidence,
+                    steps=group.steps if group.evidence else None,
+                    verdicts=group.verdict_after_step,
+                )
+            else:
+                read = read_answers(
+                    choice,
+                    group.keys,
+                    self.config.require_logprobs,
+                    group.lines,
+                    evidence=group.evidence,
+                    steps=group.steps if group.evidence else None,
+                    verdicts=group.verdict_after_step,
+                )
         except JudgeMalformed:
             self.stats.count("malformed")
             raise

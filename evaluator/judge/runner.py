@@ -2,7 +2,7 @@
 judge failures into `not_scored` results so a slow or broken judge never stalls the pipeline.
 
 A not_scored result says why in `metadata.judge_outcome` (sampled_out, over_budget, deadline,
-judge_error): `stepwatch score` exits 1 for every reason but sampling, which is a decision.
+judge_error; abstained, set by the scorers for the local judge's weak evidence): `stepwatch score` exits 1 for every reason but sampling, which is a decision.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from .governor import JudgeGovernor
 from .local import LocalJudge
 from .settings import JudgeSettings
 
-JUDGE_FAILURES = frozenset({"over_budget", "deadline", "judge_error"})
-"""judge_outcome values that mean the judge could not score a partition it was meant to."""
+JUDGE_FAILURES = frozenset({"over_budget", "deadline", "judge_error", "abstained"})
+"""judge_outcome values that mean the judge could not score a partition it was meant to
+(`abstained`: the local judge's evidence was too weak to decide the verdict)."""
 
 
 def _skipped(metric: str, reason: str, outcome: str, backend: str) -> ScoreResult:
@@ -34,15 +35,18 @@ class JudgeRunner:
     governor: JudgeGovernor = field(default_factory=JudgeGovernor)
 
     def prompt_metadata(self) -> dict[str, str]:
-        """`judge_prompt` (prompts.yaml's version) for backends that render prompts; {} for local."""
+        """`judge_prompt` (prompts.yaml's version) for backends that render prompts, and
+        `judge_decoding` (`gbnf` / `none`: how the answer format was held) once known; {} for local."""
         if self.judge.backend == "local":
             return {}
+        decoding = getattr(self.judge, "decoding", None)
+        extra = {"judge_decoding": decoding} if isinstance(decoding, str) else {}
         prompt = getattr(self.judge, "prompt", None)  # the version the judge renders with
         if prompt is not None:
-            return {"judge_prompt": prompt.version}
+            return {"judge_prompt": prompt.version, **extra}
         from .prompt import prompt_file  # YAML + pydantic load, only for a prompting backend
 
-        return {"judge_prompt": prompt_file().version}
+        return {"judge_prompt": prompt_file().version, **extra}
 
     async def ask(
         self,
@@ -64,7 +68,7 @@ class JudgeRunner:
             answers = await asyncio.wait_for(self.judge.ask(batch, budget), self.governor.deadline_s)
         except TimeoutError:
             self.governor.counters["deadline"] += 1
-            reason = f"judge {backend} gave no answer within {self.governor.deadline_s:g}s"
+            reason = f"judge {backend} gave no answer within {self.governor.deadline_s or 0:g}s"
             return _skipped(metric, reason, "deadline", backend)
         except JudgeError as exc:
             outcome = "over_budget" if exc.outcome == "over_budget" else "judge_error"

@@ -37,9 +37,17 @@ class OpenAIJudgeConfig(BaseModel):
     requests_per_minute: int | None = Field(default=None, ge=1)
     max_rpm_wait_s: float = Field(default=5.0, ge=0, description="Longer waits for a slot fail fast.")
     top_logprobs: int = Field(default=5, ge=1, le=20)
+    decoding: Literal["auto", "gbnf", "json_schema", "none"] = Field(
+        default="auto",
+        description="How the answer format is guaranteed: `auto` probes the server once and sends a GBNF "
+        "grammar admitting only the answer lines to llama.cpp's server (GET /models `owned_by: "
+        "llamacpp`, or GET /props), a strict JSON schema of them to vLLM (`owned_by: vllm`) and OpenAI "
+        "(api.openai.com), nothing otherwise (the mode chosen is logged); `gbnf` / `json_schema` "
+        "always; `none` never.",
+    )
     answer_grammar: bool = Field(
         default=False,
-        description="Send a GBNF `grammar` that admits only the answer lines (llama.cpp's server and "
+        description="Always send the GBNF grammar (the same as `decoding: gbnf`; llama.cpp's server and "
         "llama-cpp-python; OpenAI rejects the field).",
     )
     require_logprobs: bool = Field(
@@ -85,7 +93,9 @@ class JudgeSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     scorers: list[JudgeScorerName] | None = Field(
-        default=None, description="Judge scorers to run; default: each one the expectation can feed."
+        default=None,
+        description="Judge scorers to run for this task key; none runs unless named here (a plan or "
+        "outcome steps alone do not turn a judge on).",
     )
     sampling_rate: float = Field(
         default=1.0, ge=0.0, le=1.0, description="Share of partitions judged, chosen by partition id hash."

@@ -25,14 +25,19 @@ STOP_WORDS = _words(
     """a an the of to for from in on at by with and or then finally first next also please
     it its this that these those their them they user's user customer's our your my me we you
     is are be been was were do does did done any some all each every few short quick
-    into onto about via as so if when while after before once here there what which far"""
+    into onto about via as so if when while after before once here there what which far
+    up out down off"""
 )
+"""The last row: particles of phrasal verbs ("look up" ~ `lookup`, "log out" ~ `logout`)."""
 
 # Words that add little to a step's meaning: matched if present, but weigh a quarter.
 WEAK_WORDS = _words(
     """option detail information info result data thing item list new latest current recent
-    available relevant possible appropriate number id nearby old suite support"""
+    available relevant possible appropriate number id nearby old suite support
+    customer user client traveller traveler guest team everyone employee patient person people
+    staff member recipient"""
 )
+"""The last rows: who a step is for, which tools rarely name (`issue_refund` refunds "the customer")."""
 
 # Word classes: words in one group stand for each other ("look up" ~ "get" ~ "search"). Mostly verb
 # classes of common agent actions (CRUD, lookup, notify, book); a few noun classes for common agent
@@ -40,10 +45,12 @@ WEAK_WORDS = _words(
 CONCEPTS: tuple[frozenset[str], ...] = (
     _words(
         "look lookup get fetch find search query retrieve read research check list review view "
-        "show see browse investigate explore inspect consult"
+        "show see browse investigate explore inspect consult pull obtain collect gather load"
     ),
     _words("book reserve hold"),
-    _words("notify email mail send message inform tell alert contact invite invitation"),
+    _words("notify email mail send message inform tell alert contact invite invitation share post"),
+    _words("reply respond answer"),
+    _words("chart plot graph visualize visualise"),
     _words("refund reimburse repay reimbursement"),
     _words("create schedule make add set arrange open register submit file new"),
     _words("delete remove drop erase clear purge discard"),
@@ -51,11 +58,11 @@ CONCEPTS: tuple[frozenset[str], ...] = (
     _words("track trace monitor follow"),
     _words("run execute launch invoke start trigger"),
     _words("ask request prompt question confirm confirmation clarify"),
-    _words("calculate compute total sum estimate"),
+    _words("calculate compute total sum estimate aggregate count"),
     _words("suggest recommend propose advise idea activity thing do visit"),
     _words("cancel terminate stop end"),
     _words("transfer move wire pay"),
-    _words("verify validate confirm eligible eligibility"),
+    _words("verify validate confirm eligible eligibility screen audit check"),
     _words("summarise summarize summary conclude recap"),
     _words("escalate handoff hand human"),
     _words("weather forecast temperature"),
@@ -92,12 +99,13 @@ def stem(word: str) -> str:
     return word[:-1] if word.endswith("e") and len(word) > 3 else word
 
 
-def _concept_index() -> dict[str, int]:
-    index: dict[str, int] = {}
+def _concept_index() -> dict[str, frozenset[int]]:
+    """Word (and stem) -> the classes it belongs to: "check" both looks up and verifies."""
+    index: dict[str, frozenset[int]] = {}
     for number, group in enumerate(CONCEPTS):
         for word in group:
-            index.setdefault(stem(word), number)
-            index.setdefault(word, number)
+            for key in {stem(word), word}:
+                index[key] = index.get(key, frozenset()) | {number}
     return index
 
 
@@ -107,7 +115,7 @@ _CONCEPT_OF = _concept_index()
 @dataclass(frozen=True, slots=True)
 class Token:
     stem: str
-    concept: int | None
+    concepts: frozenset[int]
     weight: float
 
 
@@ -120,12 +128,12 @@ def tokens(text: str) -> tuple[Token, ...]:
     for word in _WORD.findall(spaced):
         if word in STOP_WORDS or len(word) < 2:
             continue
-        s = stem(word)
+        s = re.sub(r"\.0+$", "", word) if word[0].isdigit() else stem(word)  # 500.0 is 500
         if s in seen:
             continue
         seen.add(s)
         weight = 0.25 if word in WEAK_WORDS or s in WEAK_WORDS else 1.0
-        out.append(Token(s, _CONCEPT_OF.get(s, _CONCEPT_OF.get(word)), weight))
+        out.append(Token(s, _CONCEPT_OF.get(s, _CONCEPT_OF.get(word, frozenset())), weight))
     return tuple(out)
 
 
@@ -135,7 +143,7 @@ def _match(token: Token, candidates: Iterable[Token]) -> float:
     for other in candidates:
         if other.stem == token.stem:
             return 1.0
-        same_class = token.concept is not None and token.concept == other.concept
+        same_class = bool(token.concepts & other.concepts)
         if same_class or (len(token.stem) >= 5 and fuzz.ratio(token.stem, other.stem) >= 85):
             best = 0.8
     return best
@@ -214,3 +222,58 @@ def completion_evidence(step: str, actions: Iterable[str]) -> float:
         if coverage(step, action, arg_factor=0.0) > 0.0:
             best = max(best, coverage(step, action, arg_factor=1.0))
     return best
+
+
+LIGHT_VERBS = _words("issue do perform process handle make")
+"""Light verbs of tool names (`issue_refund`): the noun after them is the action, so they
+neither support a step nor contradict it."""
+
+DETAIL_BOOST = 0.5
+"""Share of a step's uncovered words forgiven when the action names nothing the step does not:
+`create_chart` for "chart the totals" leaves "totals" unsaid, not contradicted."""
+
+CONTRADICTION_CUT = 0.5
+"""Evidence kept when the action names a known action or domain word the step does not ask for:
+`book_hotel` for "book the flight", `check_refund_eligibility` for "refund the customer"."""
+
+
+def _contradicted(action: str, step: str) -> bool | None:
+    """Whether a tool call names a known action or object the step does not ask for: its leading
+    verb matches no step word (`check_refund_eligibility` for "refund the customer"), or it names a
+    known word the step does not while a step word goes uncovered (`book_hotel` for "book the
+    flight"). None when it names nothing beyond the step (or is a light verb and the step's words):
+    its silence on the step's details is not a contradiction. False otherwise (unknown words)."""
+    name, args = split_action(action)
+    if not args and " " in name.strip():
+        return False  # plain text: its many words say nothing against a step
+    wanted = tokens(step)
+    name_tokens, arg_tokens = _parts(action)
+    loose = [
+        t
+        for t in name_tokens
+        if t.stem not in LIGHT_VERBS and not t.stem[:1].isdigit() and _match(t, wanted) < 0.8
+    ]
+    if not loose:
+        return None
+    if loose[0] is name_tokens[0] and loose[0].concepts:
+        return True
+    said = (*name_tokens, *arg_tokens)
+    uncovered = any(t.weight == 1.0 and _match(t, said) < 0.8 for t in wanted)
+    return uncovered and any(t.concepts for t in loose)
+
+
+@lru_cache(maxsize=16384)
+def evidence(step: str, action: str) -> float:
+    """How strongly one action shows the step done, in [0, 1]: the step's words it covers
+    (`coverage`), cut when the tool names a known action or object the step does not (a different
+    verb or object: a contradiction, not a paraphrase), and with the step's unsaid details partly
+    forgiven when the tool names nothing beyond the step (`create_chart` for "chart the totals")."""
+    covered = coverage(step, action)
+    if covered == 0.0:
+        return 0.0
+    contradicted = _contradicted(action, step)
+    if contradicted:
+        return covered * CONTRADICTION_CUT
+    if contradicted is None:
+        return covered + (1.0 - covered) * DETAIL_BOOST
+    return covered

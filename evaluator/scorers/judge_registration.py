@@ -17,27 +17,22 @@ from .trajectory_steps import METRIC as TRAJECTORY_STEPS
 from .trajectory_steps import TrajectoryStepsScorer
 
 
-def _listed(expectation: Expectation | None, name: str) -> bool | None:
+def _listed(expectation: Expectation | None, name: str) -> bool:
+    """Whether the task's `judge.scorers` names `name`. Judge scorers are opt-in: a registered
+    `expected_plan` or `expected_trajectory` alone does not turn one on, so a task never gets a
+    judge's score (or its cost, or a local judge's guess) that nobody asked for."""
     settings = expectation.judge if expectation is not None else None
-    if settings is None or settings.scorers is None:
-        return None
-    return name in settings.scorers
+    return settings is not None and settings.scorers is not None and name in settings.scorers
 
 
 def wants_trajectory_steps(expectation: Expectation | None) -> bool:
-    """By default when outcome-phrased expected steps are registered (or judge.scorers lists it)."""
-    listed = _listed(expectation, TRAJECTORY_STEPS)
-    if listed is not None:
-        return listed
-    return expectation is not None and bool(expectation.expected_trajectory)
+    """Only where `judge.scorers` lists it (an explicit `scorers:` list selects it by name too)."""
+    return _listed(expectation, TRAJECTORY_STEPS)
 
 
 def wants_plan_adherence(expectation: Expectation | None) -> bool:
-    """By default when a plan is registered (or judge.scorers lists it: plan from the prompts)."""
-    listed = _listed(expectation, PLAN_ADHERENCE)
-    if listed is not None:
-        return listed
-    return expectation is not None and bool(expectation.expected_plan)
+    """Only where `judge.scorers` lists it; without `expected_plan` the plan comes from the prompts."""
+    return _listed(expectation, PLAN_ADHERENCE)
 
 
 def judge_scorer_entries(runner: JudgeRunner) -> Mapping[str, ScorerEntry]:

@@ -13,7 +13,8 @@ in parallel and are never out of order.
   score = 100 × C × (1 − 0.5 × O) × (1 − 0.5 × (1 − R))
 so the score is 100 exactly when nothing is listed in the metadata. The final reply is a
 processed step (it can carry out "suggest activities") but is never off-plan, and it is not an
-actionable step: a trace whose only processed step is its reply fails, as the spec says.
+actionable step: a trace whose only processed step is its reply fails, as the spec says; so is an
+agent step whose span only wraps the model's reply (`_reply_only_agents`).
 
 Requests: the questions about one plan step (its N c_ij and full_i) form one request group, so a
 remote judge gets K requests per trace (the Tokyo example: 4, not K × (N + 1) = 12).
@@ -25,10 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..judge.base import Answer, JudgeBatch, Question
+from ..judge.local import ABSTAIN_REASON, answer_accuracy, is_weak
 from ..judge.render import render_step
 from ..judge.runner import JudgeRunner
 from ..plan import last_reply, plan_from_expected, plan_from_prompts, prompt_messages
 from ..results import ScoreResult
+from ..steps import embedded_tool_calls
 from .base import ScoringInput
 
 METRIC = "plan_adherence"
@@ -46,6 +49,14 @@ class Processed:
     steps: list[str]
     rounds: list[int]
     final_answer_index: int | None
+    replies: frozenset[int] = frozenset()
+    """Indices of agent steps that only replied (see `_reply_only_agents`): processed, never
+    actionable, never off-plan, like the final answer."""
+
+    @property
+    def actionable(self) -> list[int]:
+        """Indices of the actionable steps: every processed step but the answer and the replies."""
+        return [j for j in range(len(self.steps)) if j != self.final_answer_index and j not in self.replies]
 
 
 def _container_agents(inp: ScoringInput) -> set[str]:
@@ -64,14 +75,57 @@ def _container_agents(inp: ScoringInput) -> set[str]:
     return containers
 
 
+def _reply_only_agents(inp: ScoringInput, containers: set[str]) -> set[str]:
+    """Span ids of leaf AGENT steps whose spans hold spans, none of them a step or an LLM output
+    that issued a tool call: an agent wrapper around the model's reply, which did no work of its
+    own. (An agent span with nothing beneath it is a sub-agent run as a unit: actionable.)"""
+    candidates = {
+        step.span_id
+        for step in inp.steps
+        if step.kind == "AGENT" and step.span_id and step.span_id not in containers
+    }
+    if not candidates:
+        return set()
+    step_spans = {step.span_id for step in inp.steps if step.span_id}
+    by_id = {span.span_id: span for span in inp.partition.spans}
+    children: dict[str, list[str]] = {}
+    for span in inp.partition.spans:
+        if span.parent_span_id is not None:
+            children.setdefault(span.parent_span_id, []).append(span.span_id)
+    replied: set[str] = set()
+    for agent in candidates:
+        below = list(children.get(agent, ()))
+        if not below:
+            continue
+        seen: set[str] = set()
+        work = False
+        while below and not work:
+            span_id = below.pop()
+            if span_id in seen:
+                continue
+            seen.add(span_id)
+            work = span_id in step_spans or bool(embedded_tool_calls(by_id[span_id]))
+            below.extend(children.get(span_id, ()))
+        if not work:
+            replied.add(agent)
+    return replied
+
+
 def processed_steps(inp: ScoringInput) -> Processed:
     """Actionable steps in execution order, then the agent's final reply; rounds by first issue.
 
     Actionable: tool calls, and agent steps that are leaves (handoffs, sub-agents run as a
-    unit); an agent whose span holds other steps is their container and is left out.
+    unit); an agent whose span holds other steps is their container and is left out. A leaf agent
+    whose span holds only the model's reply (no step, no tool call issued) is kept as a processed
+    step (it may carry out a plan step such as "suggest activities") but, like the final reply, is
+    not actionable: a trace whose only non-LLM span is such a wrapper has no actionable steps.
     """
     containers = _container_agents(inp)
     kept = [step for step in inp.steps if step.span_id is None or step.span_id not in containers]
+    reply_only = _reply_only_agents(inp, containers)
+    replies = frozenset(
+        j for j, step in enumerate(kept) if step.span_id is not None and step.span_id in reply_only
+    )
     steps = [render_step(step) for step in kept]
     round_numbers: dict[str, int] = {}
     rounds: list[int] = []
@@ -84,7 +138,7 @@ def processed_steps(inp: ScoringInput) -> Processed:
         final_index = len(steps)
         steps.append(FINAL_ANSWER_PREFIX + final.strip()[:MAX_FINAL_ANSWER_CHARS])
         rounds.append(len(round_numbers))
-    return Processed(steps, rounds, final_index)
+    return Processed(steps, rounds, final_index, replies)
 
 
 def resolve_plan(inp: ScoringInput) -> tuple[list[str], str] | str:
@@ -150,15 +204,17 @@ class PlanAdherenceScorer:
         self.threshold = threshold
 
     def applicable(self, inp: ScoringInput) -> bool:
-        """When a plan is given, or the scorer was asked for by name (the plan then comes from the
-        prompts, and a trace without one is an error result, as the spec says)."""
+        """When asked for by name: the task's `judge.scorers` (or `scorers:`, or `--scorer`), or an
+        inline dataset row's own `expected_plan`. A registered plan alone does not turn it on;
+        without a plan the plan comes from the prompts (a trace without one is an error result,
+        as the spec says)."""
         expectation = inp.expectation
+        if expectation is not None and expectation.scorers is not None and METRIC in expectation.scorers:
+            return True  # named outright (`--scorer`)
         settings = expectation.judge if expectation else None
         if settings is not None and settings.scorers is not None:
             return METRIC in settings.scorers
-        if "expected_plan" in inp.extras or (expectation is not None and expectation.expected_plan):
-            return True
-        return expectation is not None and expectation.scorers is not None and METRIC in expectation.scorers
+        return "expected_plan" in inp.extras
 
     def _threshold(self, inp: ScoringInput) -> float:
         if self.threshold is not None:
@@ -175,7 +231,7 @@ class PlanAdherenceScorer:
             return ScoreResult(metric=METRIC, error=resolved)
         plan, source = resolved
         processed = processed_steps(inp)
-        if len(processed.steps) == (0 if processed.final_answer_index is None else 1):
+        if not processed.actionable:
             return ScoreResult(metric=METRIC, error="the trace has no actionable steps to score")
         batch = JudgeBatch(
             state={"trajectory": processed.steps, "plan_steps": plan},
@@ -194,7 +250,58 @@ class PlanAdherenceScorer:
         p = [answer.p for answer in answers]
         full = p[:k]
         matrix = [p[k + i * n : k + (i + 1) * n] for i in range(k)]
-        return self._result(plan, source, processed, full, matrix, self._threshold(inp), answers)
+        result = self._result(plan, source, processed, full, matrix, self._threshold(inp), answers)
+        if answers and all(answer.source == "lexical" for answer in answers):
+            return self._lexical(result, plan, source, processed, full, matrix, answers)
+        return result
+
+    def _lexical(
+        self,
+        result: ScoreResult,
+        plan: list[str],
+        source: str,
+        processed: Processed,
+        full: list[float],
+        matrix: list[list[float]],
+        answers: list[Answer],
+    ) -> ScoreResult:
+        """The local judge's result, honest about its evidence: no score when its weak answers to
+        "step j carries out plan step i" (judge.local.is_weak) decide pass or fail (all of them no
+        vs all yes; whether a done step was done fully or partly is a half credit, not a verdict
+        on its own), else `confidence` is the measured accuracy of the least sure answer that
+        decided a plan step's status."""
+        threshold = result.threshold if result.threshold is not None else DEFAULT_THRESHOLD
+
+        def passes(value: float) -> bool:
+            rows = [[value if is_weak(p) else p for p in row] for row in matrix]
+            return self._result(plan, source, processed, full, rows, threshold, answers).passed is True
+
+        if any(is_weak(p) for row in matrix for p in row) and passes(0.0) != passes(1.0):
+            self.runner.governor.counters["abstained"] += 1
+            weak = [plan[i] for i in range(len(plan)) if any(is_weak(p) for p in matrix[i])]
+            return ScoreResult(
+                metric=METRIC,
+                not_scored=ABSTAIN_REASON,
+                threshold=threshold,
+                explanation="no lexical evidence either way for "
+                + (", ".join(_quote(step) for step in weak) or "the steps' contributions"),
+                metadata={
+                    "judge": self.runner.judge.backend,
+                    "judge_outcome": "abstained",
+                    "plan_steps": dict(enumerate(plan)),
+                    "undecided_steps": weak,
+                    "processed_steps": processed.steps,
+                    "confidence": 0.0,
+                },
+            )
+        deciding = [full[i] if full[i] >= 0.5 else max(matrix[i], default=0.0) for i in range(len(plan))]
+        confidence = min(answer_accuracy(p) for p in deciding) if deciding else 0.0
+        metadata = {
+            **result.metadata,
+            "confidence": confidence,
+            "confidence_basis": "measured local-judge accuracy",
+        }
+        return result.model_copy(update={"metadata": metadata})
 
     def _result(
         self,
@@ -221,7 +328,7 @@ class PlanAdherenceScorer:
                 reason = f"no step carries it out (highest p {max(matrix[i], default=0.0):.2f})"
                 incorrect_plan_steps.append({"step": text, "status": "missed", "reason": reason})
 
-        actionable = [j for j in range(len(steps)) if j != processed.final_answer_index]
+        actionable = processed.actionable
         on_plan = {j: max(matrix[i][j] for i in range(len(plan))) for j in actionable}
         incorrect_span_indexes = [
             {"index": j, "reason": f"{_quote(steps[j])} contributes to no plan step (highest p {p:.2f})"}

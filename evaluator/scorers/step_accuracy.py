@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+from ..expectations.expectation import Expectation
 from ..expectations.expected_steps import (
     ExpectedStep,
     ExpectedStepsError,
@@ -133,20 +134,43 @@ def step_accuracy(
     return 1.0 - distance / denominator, metadata
 
 
+NO_EXPECTED_STEPS = (
+    "no expected steps to score against: none registered for the task or given to `stepwatch score`, "
+    "and no aip.eval.expected_steps annotation (every occurrence must resolve them, or scoring fails)"
+)
+
+
+def requires_expected_steps(expectation: Expectation | None) -> bool:
+    """Whether the expectation names agent.step_accuracy in its `scorers` list: then a partition
+    with no expected steps is an error result, not silently skipped (step-accuracy.txt: "every
+    occurrence must resolve a trajectory from one of them or scoring fails")."""
+    return expectation is not None and expectation.scorers is not None and METRIC in expectation.scorers
+
+
 class StepAccuracyScorer:
-    """agent.step_accuracy as a SyncScorer: applicable whenever expected steps were resolved."""
+    """agent.step_accuracy as a SyncScorer: applicable whenever expected steps were resolved, or
+    always when `required` (named in the task's `scorers`): an error result without them."""
 
     name = METRIC
     reads_span_attributes = False
     """Reads steps and trajectory only: the service may decode just `scoring_attributes`."""
     reads_step_io = False
 
-    def __init__(self, entries_of: BareEntries | None = None) -> None:
-        """`entries_of`: a faster `bare_entries` (the composition root's native one), or None."""
+    def __init__(self, entries_of: BareEntries | None = None, *, required: bool = False) -> None:
+        """`entries_of`: a faster `bare_entries` (the composition root's native one), or None.
+        `required`: asked for by name, so missing expected steps are an error result."""
         self._entries_of = entries_of
+        self.required = required
+
+    @classmethod
+    def for_expectation(
+        cls, expectation: Expectation | None, entries_of: BareEntries | None = None
+    ) -> StepAccuracyScorer:
+        """The registry's factory: required when the expectation names it (requires_expected_steps)."""
+        return cls(entries_of, required=requires_expected_steps(expectation))
 
     def applicable(self, inp: ScoringInput) -> bool:
-        return inp.expected_steps is not None
+        return self.required or inp.expected_steps is not None
 
     def score(self, inp: ScoringInput) -> ScoreResult:
         expectation = inp.expectation
@@ -155,6 +179,8 @@ class StepAccuracyScorer:
             if expectation is not None
             else DEFAULT_THRESHOLD
         )
+        if inp.expected_steps is None:
+            return new_result(self.name, threshold=threshold, error=NO_EXPECTED_STEPS)
         ignore = expectation.ignore_steps if expectation is not None else []
         kept, ignored = _without_ignored(inp.steps, ignore) if ignore else (inp.steps, [])
         try:

@@ -4,7 +4,8 @@ Tool names are compared with `normalise_tool_name` on both sides (case-folded, `
 the same normalisation TOOL steps get in agent.step_accuracy, so `searchKB` in a rule finds a
 `search_kb` call. `with` addresses top-level keys of the step input. An input that is not a dict has
 no fields, except that a string holding a JSON object is unwrapped first (as the trace target does
-for span attributes); a missing field never matches.
+for span attributes); a missing field never matches. A reason about a value that a limit cut
+(`security.limits`) says so.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from ..expectations.expectation import Expectation
 from ..expectations.rules import FieldMatcher, MaxSteps, MustCall, MustNotCall, Rule
+from ..limited import cut_note
 from ..model import normalise_tool_name
 from ..results import ScoreResult, new_result
 from ..trajectory import TrajectoryStep
@@ -127,13 +129,14 @@ def _field_mismatch(step: TrajectoryStep, constraints: dict[str, FieldMatcher]) 
     for name, matcher in constraints.items():
         value = _MISSING if fields is None else fields.get(name, _MISSING)
         if value is _MISSING:
-            return f"input has no field {name!r}"
+            # a limit may have cut the input before it could be read (evaluator/limited.py)
+            return f"input has no field {name!r}{cut_note(step.input).replace('the value', 'the input')}"
         if matcher.contains is not None:
             text = value if isinstance(value, str) else compact_json(value)
             if matcher.contains not in text:
-                return f"{name!r} does not contain {matcher.contains!r}"
+                return f"{name!r} does not contain {matcher.contains!r}{cut_note(value)}"
         if matcher.has_equals and not json_equal(value, matcher.equals):
-            return f"{name!r} is {compact_json(value)}, not {compact_json(matcher.equals)}"
+            return f"{name!r} is {compact_json(value)}, not {compact_json(matcher.equals)}{cut_note(value)}"
     return None
 
 

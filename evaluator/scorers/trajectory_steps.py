@@ -23,6 +23,7 @@ import math
 from typing import Any
 
 from ..judge.base import Answer, JudgeBatch, Question
+from ..judge.local import ABSTAIN_REASON, is_weak, undecided, verdict_confidence
 from ..judge.render import render_items, render_step
 from ..judge.runner import JudgeRunner
 from ..results import ScoreResult
@@ -120,8 +121,17 @@ class TrajectoryStepsScorer:
         self.threshold = threshold
 
     def applicable(self, inp: ScoringInput) -> bool:
-        settings = inp.expectation.judge if inp.expectation else None
-        if settings is not None and settings.scorers is not None and METRIC not in settings.scorers:
+        """When there is something to judge against and no `judge.scorers` leaves it out (named
+        outright, as `--scorer` does, wins)."""
+        expectation = inp.expectation
+        named = expectation is not None and expectation.scorers is not None and METRIC in expectation.scorers
+        settings = expectation.judge if expectation else None
+        if (
+            not named
+            and settings is not None
+            and settings.scorers is not None
+            and METRIC not in settings.scorers
+        ):
             return False
         return resolve_expected(inp) is not None
 
@@ -177,6 +187,8 @@ class TrajectoryStepsScorer:
         probabilities = [answer.p for answer in answers]
         p_order = order.p
         score = combine(probabilities, p_order)
+        # the local judge's answers (an empty trajectory is certain, not lexical evidence)
+        lexical = note is None and bool(answers) and all(answer.source == "lexical" for answer in answers)
         details = [
             {
                 "index": i,
@@ -185,9 +197,13 @@ class TrajectoryStepsScorer:
                 "performed": answer.p >= 0.5,
                 "probability_source": answer.source,
                 **_evidence(answer),
+                **({"evidence": "weak" if is_weak(answer.p) else "decided"} if lexical else {}),
             }
             for i, (step, answer) in enumerate(zip(expected, answers, strict=True))
         ]
+        passes = lambda ps: combine(ps, p_order) >= threshold  # noqa: E731
+        if lexical and undecided(probabilities, passes):
+            return self._abstain(details, trajectory, threshold)
         missing = [row["step"] for row in details if not row["performed"]]
         performed_count = len(expected) - len(missing)
         explanation = f"{performed_count}/{len(expected)} steps · order {shown_percent(p_order)}% → score {shown(score)}"
@@ -209,7 +225,10 @@ class TrajectoryStepsScorer:
             label=f"{shown_percent(score)}% yes",
             explanation=explanation,
             metadata={
-                "confidence": round(abs(score - 0.5) * 2, 4),
+                "confidence": round(
+                    verdict_confidence(probabilities, passes) if lexical else abs(score - 0.5) * 2, 4
+                ),
+                "confidence_basis": "measured local-judge accuracy" if lexical else "|p - 0.5| x 2",
                 "probabilities": {"yes": round(score, 4), "no": round(1 - score, 4)},
                 "p_order": round(p_order, 4),
                 "p_order_source": order.source,
@@ -222,5 +241,25 @@ class TrajectoryStepsScorer:
                 "trajectory": trajectory,
                 "judge": self.runner.judge.backend,
                 **self.runner.prompt_metadata(),
+            },
+        )
+
+    def _abstain(self, details: list[dict[str, Any]], trajectory: list[str], threshold: float) -> ScoreResult:
+        """The local judge's weak answers decide pass or fail: no score rather than a guess near
+        the threshold; the details say which steps it could not tell."""
+        self.runner.governor.counters["abstained"] += 1
+        weak = [row["step"] for row in details if row.get("evidence") == "weak"]
+        return ScoreResult(
+            metric=METRIC,
+            not_scored=ABSTAIN_REASON,
+            threshold=threshold,
+            explanation="no lexical evidence either way for " + ", ".join(f"“{step}”" for step in weak),
+            metadata={
+                "judge": self.runner.judge.backend,
+                "judge_outcome": "abstained",
+                "undecided_steps": weak,
+                "details": details,
+                "trajectory": trajectory,
+                "confidence": 0.0,
             },
         )

@@ -289,33 +289,42 @@ fn step_kind(attrs: &Bound<'_, PyDict>) -> Res<Option<Kind>> {
         .then_some(Kind::Tool))
 }
 
-/// The first of `keys` that is present, not None and not "", as `str()`; else the span's name.
-fn name_from<'py>(v: &View<'py>, keys: &[&Bound<'py, PyString>]) -> Res<Bound<'py, PyString>> {
+/// The first of `keys` that is present, not None and not "", as `str()`; None when none is.
+fn named_by<'py>(v: &View<'py>, keys: &[&Bound<'py, PyString>]) -> Res<Option<Bound<'py, PyString>>> {
     for key in keys {
         if let Some(value) = get(&v.attrs, key)? {
             if !is_empty_str(&value) {
-                return str_field(value.str()?.into_any());
+                return Ok(Some(str_field(value.str()?.into_any())?));
             }
         }
     }
-    Ok(v.name_py.clone())
+    Ok(None)
 }
 
+/// steps.py `EXECUTE_TOOL_PREFIX`: the OTel GenAI span-name convention `execute_tool {tool}`.
+const EXECUTE_TOOL_PREFIX: &str = "execute_tool ";
+
+/// steps.py `tool_step_name`: the name attributes, else the span name without the GenAI
+/// `execute_tool ` prefix (`bare_tool_name`).
 fn tool_step_name<'py>(v: &View<'py>) -> Res<Bound<'py, PyString>> {
     let py = v.attrs.py();
-    name_from(v, &[intern!(py, "gen_ai.tool.name"), intern!(py, "tool.name")])
+    if let Some(name) = named_by(v, &[intern!(py, "gen_ai.tool.name"), intern!(py, "tool.name")])? {
+        return Ok(name);
+    }
+    match v.name().strip_prefix(EXECUTE_TOOL_PREFIX) {
+        Some(bare) if !bare.is_empty() => Ok(PyString::new(py, bare)),
+        _ => Ok(v.name_py.clone()),
+    }
 }
 
 fn agent_step_name<'py>(v: &View<'py>) -> Res<Bound<'py, PyString>> {
     let py = v.attrs.py();
-    name_from(
-        v,
-        &[
-            intern!(py, "aip.agent.name"),
-            intern!(py, "gen_ai.agent.name"),
-            intern!(py, "agent.name"),
-        ],
-    )
+    let keys = [
+        intern!(py, "aip.agent.name"),
+        intern!(py, "gen_ai.agent.name"),
+        intern!(py, "agent.name"),
+    ];
+    Ok(named_by(v, &keys)?.unwrap_or_else(|| v.name_py.clone()))
 }
 
 struct Call<'py> {
@@ -640,24 +649,45 @@ pub(crate) fn observe_views<'py>(
     llm_calls.sort_by(|a, b| step_order(&views[a.0], &views[b.0]));
     let steps = PyList::empty(py);
     let tool = intern!(py, "TOOL");
-    if step_spans.is_empty() {
-        for (i, calls) in &llm_calls {
+    // each embedded call as a TOOL step, with the index of the LLM span that issued it
+    let embedded = |calls: &[(usize, Vec<Call<'py>>)]| -> Res<Vec<(usize, Bound<'py, PyAny>)>> {
+        let mut out = Vec::new();
+        for (i, calls) in calls {
             let v = &views[*i];
             for call in calls {
-                steps.append(hooks.new_step(
-                    &call.name_py,
-                    tool,
-                    &v.trace_py,
-                    &v.span_py,
-                    &v.start_py,
-                    &call.arguments,
-                    &py.None().into_bound(py),
-                    &v.span_py,
-                )?)?;
+                out.push((
+                    *i,
+                    hooks.new_step(
+                        &call.name_py,
+                        tool,
+                        &v.trace_py,
+                        &v.span_py,
+                        &v.start_py,
+                        &call.arguments,
+                        &py.None().into_bound(py),
+                        &v.span_py,
+                    )?,
+                ));
             }
         }
+        Ok(out)
+    };
+    if step_spans.is_empty() {
+        for (_, step) in embedded(&llm_calls)? {
+            steps.append(step)?;
+        }
     } else {
+        // rule 1 per trace: a trace (of a session) without TOOL/AGENT spans has its embedded calls
+        let (llm_calls, embedded_only): (Vec<_>, Vec<_>) = if llm_calls.is_empty() {
+            (llm_calls, Vec::new())
+        } else {
+            let step_traces: FnvSet<&str> = step_spans.iter().map(|(i, _)| views[*i].trace()).collect();
+            llm_calls
+                .into_iter()
+                .partition(|(i, _)| step_traces.contains(views[*i].trace()))
+        };
         step_spans.sort_by(|a, b| step_order(&views[a.0], &views[b.0]));
+        let mut ordered: Vec<(usize, Bound<'py, PyAny>)> = Vec::with_capacity(step_spans.len());
         let mut rounds = Rounds::new(views, &llm_calls, hooks)?;
         let agent = intern!(py, "AGENT");
         for &(i, kind) in &step_spans {
@@ -677,16 +707,27 @@ pub(crate) fn observe_views<'py>(
                 Some(llm) => views[llm].span_py.clone().into_any(),
                 None => py.None().into_bound(py),
             };
-            steps.append(hooks.new_step(
-                &name_py,
-                kind_py,
-                &v.trace_py,
-                &v.span_py,
-                &v.start_py,
-                &input,
-                &output,
-                &round_py,
-            )?)?;
+            ordered.push((
+                i,
+                hooks.new_step(
+                    &name_py,
+                    kind_py,
+                    &v.trace_py,
+                    &v.span_py,
+                    &v.start_py,
+                    &input,
+                    &output,
+                    &round_py,
+                )?,
+            ));
+        }
+        if !embedded_only.is_empty() {
+            ordered.extend(embedded(&embedded_only)?);
+            // stable: the span steps first on a tie, a span's calls in their (N, M) order
+            ordered.sort_by(|a, b| step_order(&views[a.0], &views[b.0]));
+        }
+        for (_, step) in ordered {
+            steps.append(step)?;
         }
     }
 

@@ -14,9 +14,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from stepwatch.evaluator.buffer import SpanRecord
+from stepwatch.evaluator.limited import JSON_DEPTH_MARK as JSON_DEPTH_MARK  # defined with the other marks
+from stepwatch.evaluator.limited import STEP_IO_KEYS, reads_step_io, unwrapped_attribute
 from stepwatch.evaluator.model import Span
-from stepwatch.evaluator.partitioning import PartitionDerived
-from stepwatch.evaluator.pipeline import AttributeSelection, Observed
+from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES, PartitionDerived
+from stepwatch.evaluator.pipeline import AttributeSelection, Observed, scoring_attributes
 from stepwatch.security.config import LimitsConfig
 from stepwatch.security.limits import (
     JSON_DEPTH,
@@ -24,6 +26,7 @@ from stepwatch.security.limits import (
     apply_span_limits,
     json_depth_exceeds,
     limit_attributes,
+    mark_limited,
 )
 
 from . import spancore
@@ -148,17 +151,26 @@ class ObservedReader:
         return resource, self._origins.scope_name(scope_bytes), within
 
 
-JSON_DEPTH_MARK = "(json_depth limit: value nested too deeply, not unwrapped)"
+DEFAULT_SCORING_ATTRIBUTES = scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES)
+"""What scoring reads with the default task key attributes: read before the per-span caps."""
 
 
-def limit_spans(spans: list[Span], limits: LimitsConfig, meter: LimitMeter) -> list[Span]:
+def limit_spans(
+    spans: list[Span],
+    limits: LimitsConfig,
+    meter: LimitMeter,
+    scoring: AttributeSelection = DEFAULT_SCORING_ATTRIBUTES,
+) -> list[Span]:
     """Close-time per-span limits: attributes per span, value length, JSON depth of strings that
     the step extractor would unwrap. Counted, never rejected (the span is still scored).
 
-    Applied when a partition is decoded, not at ingest, so the ingest path stays bytes-only.
+    `scoring` (pipeline.scoring_attributes of the service's task key attributes) is read before the
+    caps apply to the rest, and a span whose scoring values were still cut names the limits in
+    evaluator/limited.py's LIMITED_ATTRIBUTE (apply_span_limits). Applied when a partition is
+    decoded, not at ingest, so the ingest path stays bytes-only.
     """
     unbounded = limits.model_copy(update={"max_spans_per_request": max(len(spans), 1)})
-    spans = apply_span_limits(spans, unbounded, meter).spans
+    spans = apply_span_limits(spans, unbounded, meter, scoring).spans
     max_depth = limits.max_json_depth
     for i, span in enumerate(spans):
         deep = [
@@ -173,6 +185,10 @@ def limit_spans(spans: list[Span], limits: LimitsConfig, meter: LimitMeter) -> l
             attributes = dict(span.attributes)
             for key in deep:
                 attributes[key] = JSON_DEPTH_MARK
+            if any(
+                unwrapped_attribute(key) and (key not in STEP_IO_KEYS or reads_step_io(span)) for key in deep
+            ):
+                mark_limited(attributes, {JSON_DEPTH})
             spans[i] = span.model_copy(update={"attributes": attributes})
     return spans
 
@@ -183,6 +199,7 @@ def decode_limited(
     limits: LimitsConfig,
     meter: LimitMeter,
     origins: OriginCache | None = None,
+    scoring: AttributeSelection = DEFAULT_SCORING_ATTRIBUTES,
 ) -> list[Span]:
     """A closed partition's spans with the per-span limits applied, as `limit_spans(decode_records)`.
 
@@ -193,7 +210,7 @@ def decode_limited(
     distinct resource instead of once per span.
     """
     if selection is None:
-        return limit_spans(decode_records(records), limits, meter)
+        return limit_spans(decode_records(records), limits, meter, scoring)
     spans, full = decode_records_for_limits(
         records,
         selection,
@@ -213,7 +230,7 @@ def decode_limited(
         if not ok or span.seq in full:
             need.append(i)
     if need:
-        limited = limit_spans([spans[i] for i in need], limits, meter)
+        limited = limit_spans([spans[i] for i in need], limits, meter, scoring)
         for i, span in zip(need, limited, strict=True):
             spans[i] = span
     return spans

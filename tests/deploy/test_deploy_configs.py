@@ -69,6 +69,11 @@ def test_compose_wires_collector_prometheus_and_grafana_to_stepwatch() -> None:
         t for job in prometheus["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]
     }
     assert "stepwatch:9464" in targets
+    # the score exemplars (trace ids) are kept only with exemplar storage on
+    assert (
+        "--enable-feature=exemplar-storage"
+        in yaml.safe_load(COMPOSE.read_text())["services"]["prometheus"]["command"]
+    )
     assert prometheus["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["alertmanager:9093"]
     datasource = yaml.safe_load(
         (DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yaml").read_text()

@@ -1,5 +1,6 @@
 """A real Prometheus scrapes a real `stepwatch serve` that received traces from the OTel SDK, and the
-scores come back through Prometheus's HTTP API; the shipped rules load and evaluate there too."""
+scores come back through Prometheus's HTTP API, with their exemplars' trace ids (OpenMetrics, exemplar
+storage on); the shipped rules load and evaluate there too."""
 
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """`stepwatch serve` on free ports, and Prometheus scraping it every second with the rules loaded
-    (one stack for this module's tests)."""
+    and exemplar storage on (one stack for this module's tests)."""
     tmp_path = tmp_path_factory.mktemp("scrape")
     prometheus_bin = require_tool("prometheus")
     grpc_port, http_port, metrics_port, prometheus_port = _free_ports(4)
@@ -123,6 +124,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 f"--config.file={config}",
                 f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                 f"--web.listen-address=127.0.0.1:{prometheus_port}",
+                "--enable-feature=exemplar-storage",
                 "--log.level=warn",
             ],
             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -145,7 +147,8 @@ def _query(base: str, promql: str) -> list[dict[str, Any]]:
     return payload["data"]["result"]
 
 
-def _send_traces(endpoint: str, runs: list[tuple[str, list[str]]]) -> None:
+def _send_traces(endpoint: str, runs: list[tuple[str, list[str]]]) -> list[tuple[str, str]]:
+    """Each run as one trace (an AGENT root over its TOOL steps); returns each (trace id, root span id)."""
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -156,10 +159,13 @@ def _send_traces(endpoint: str, runs: list[tuple[str, list[str]]]) -> None:
         SimpleSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=True, timeout=10))
     )
     tracer = provider.get_tracer("tests.deploy")
+    sent = []
     try:
         for task_key, steps in runs:
             root = {"openinference.span.kind": "AGENT", "aip.task.key": task_key}
-            with tracer.start_as_current_span("agent", attributes=root):
+            with tracer.start_as_current_span("agent", attributes=root) as agent:
+                context = agent.get_span_context()
+                sent.append((f"{context.trace_id:032x}", f"{context.span_id:016x}"))
                 for step in steps:
                     with tracer.start_as_current_span(
                         step, attributes={"openinference.span.kind": "TOOL", "tool.name": step}
@@ -167,6 +173,7 @@ def _send_traces(endpoint: str, runs: list[tuple[str, list[str]]]) -> None:
                         pass
     finally:
         provider.shutdown()
+    return sent
 
 
 def test_prometheus_scrapes_scores_of_traces_sent_with_the_otel_sdk(stack: dict[str, Any]) -> None:
@@ -200,6 +207,41 @@ def test_prometheus_scrapes_scores_of_traces_sent_with_the_otel_sdk(stack: dict[
     received = _query(base, 'sum(stepwatch_spans_received_total{protocol="grpc"})')
     assert float(received[0]["value"][1]) == 8.0  # 2 roots + 4 + 2 tool spans
     assert float(_query(base, 'up{job="stepwatch"}')[0]["value"][1]) == 1.0
+
+
+def _exemplars(base: str, promql: str) -> list[dict[str, Any]]:
+    """/api/v1/query_exemplars over the last ten minutes: each series with its exemplars."""
+    now = time.time()
+    query = urllib.parse.urlencode({"query": promql, "start": now - 600, "end": now + 60})
+    status, body = _get(f"{base}/api/v1/query_exemplars?{query}")
+    if status != 200:
+        return []
+    payload = json.loads(body)
+    assert payload["status"] == "success", payload
+    return [series for series in payload["data"] if series["exemplars"]]
+
+
+def test_prometheus_returns_the_scored_traces_id_as_an_exemplar(stack: dict[str, Any]) -> None:
+    """Prometheus negotiates OpenMetrics, stores the exemplar of the score's bucket, and gives back
+    the trace id and root span id of the trace that was scored, at its score."""
+    base = stack["prometheus"]
+    # off plan: check_policy skipped, so 1 - 1/4 = 0.75, in the (0.7, 0.8] bucket alone
+    ((trace_id, root_span_id),) = _send_traces(
+        stack["grpc"], [("refund-order", ["lookup_order", "issue_refund", "notify_customer"])]
+    )
+    selector = (
+        'stepwatch_evaluation_score_ratio_bucket{job="stepwatch",metric="agent.step_accuracy",'
+        'task_key="refund-order",le="0.8"}'
+    )
+
+    def ours() -> list[dict[str, Any]]:
+        found = _exemplars(base, selector)
+        return [e for series in found for e in series["exemplars"] if e["labels"]["trace_id"] == trace_id]
+
+    exemplars = _wait(ours, "the trace's exemplar in Prometheus", stack["procs"])
+    assert exemplars[0]["labels"] == {"trace_id": trace_id, "span_id": root_span_id}
+    assert float(exemplars[0]["value"]) == 0.75
+    assert abs(exemplars[0]["timestamp"] - time.time()) < 120  # stamped when it was scored
 
 
 def test_the_shipped_rules_load_and_evaluate_in_prometheus(stack: dict[str, Any]) -> None:

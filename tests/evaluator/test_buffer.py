@@ -28,8 +28,7 @@ def make(**limits: float) -> tuple[PartitionBuffer, ManualClock, SpanAccounting]
 
 
 def score(buf: PartitionBuffer, acc: SpanAccounting, closed: ClosedPartition) -> None:
-    """What the service does after scoring a partition."""
-    acc.scored += closed.new_spans
+    """What the service does after scoring a partition (done() counts its spans scored)."""
     buf.done(closed)
 
 
@@ -467,3 +466,48 @@ def test_a_closed_trace_carries_its_span_ids_packed_as_its_decision_records_them
         == buf.ledger.get(closed.records[0][0]).ids
     )
     assert scored_spans(closed.records, True, closed.span_ids) == scored_spans(closed.records, True)
+
+
+def test_done_counts_the_partition_in_the_step_that_unbuffers_it() -> None:
+    """Scoring workers write the scoring counters only in done(), under the buffer's lock, so a
+    snapshot never sees a partition both scored and buffered (evaluator/accounting.py)."""
+    buf, clock, _acc = make()
+    buf.offer([rec(1, 1), rec(1, 2, root=True), rec(2, 1, root=True)])
+    clock.advance(3)
+    t1, t2 = buf.sweep()
+    buf.route(t1)
+    buf.route(t2)
+    before, buffered = buf.accounting_snapshot()
+    assert (before.scored, buffered) == (0, 3)
+    buf.done(t1, matched=False)
+    buf.done(t2, failed=True)  # decoding it raised: its spans are scoring errors, not scored
+    after, buffered = buf.accounting_snapshot()
+    assert (after.scored, after.scoring_errors, buffered) == (2, 1, 0)
+    assert (after.unmatched, after.closed) == ({"trace": 1}, {("trace", "idle"): 1})
+    assert before.scored == 0 and before.closed == {}, "a snapshot is a copy"
+    buf.offer([rec(1, 3)])  # late: a revision, whose spans were counted late, not scored again
+    clock.advance(3)
+    (revision,) = buf.sweep()
+    buf.done(revision)
+    final, _ = buf.accounting_snapshot()
+    assert (final.scored, final.late, final.closed[("trace", revision.reason)]) == (2, 1, 1)
+    assert revision.revision == 1 and sum(final.closed.values()) == 2
+
+
+def test_trace_routed_into_a_session_closed_at_its_limit_is_rejected_limit() -> None:
+    buf, clock, acc = make(max_traces_per_session=2)
+    for t in (1, 2):
+        buf.offer([rec(t, 1, root=True)])
+    clock.advance(2)
+    t1, t2 = buf.sweep()
+    buf.route(t1, SessionRoute("s", None))
+    (session,) = buf.route(t2, SessionRoute("s", None))
+    buf.done(session)
+    buf.offer([rec(3, 1), rec(3, 2, root=True)])
+    clock.advance(2)
+    (t3,) = buf.sweep()
+    assert buf.route(t3, SessionRoute("s", None)) == []  # in a scoring worker
+    # its own counter: `rejected` has one writer, the event loop
+    assert (acc.routed_over_limit, acc.rejected, buf.buffered_spans) == (2, {}, 0)
+    assert acc.rejected_by_reason() == {"limit": 2}
+    assert acc.settled() == 4

@@ -22,6 +22,9 @@ from stepwatch.evaluator.scorers.base import ScoringInput
 from stepwatch.evaluator.scorers.registry import ScorerEntry, ScorerRegistry
 from stepwatch.evaluator.scores import PartitionScores
 from stepwatch.evaluator.trajectory_build import build_trajectory_from_spans
+from stepwatch.exporters.config import ScoreEventConfig
+from stepwatch.exporters.prometheus import PrometheusExporter
+from stepwatch.exporters.score_streams import wire_events
 from stepwatch.receiver.codec.records import decode_records
 from stepwatch.receiver.ingest import Ingestor
 
@@ -139,6 +142,45 @@ async def test_the_guard_stops_only_the_expected_steps_scorers() -> None:
     assert results["agent.step_accuracy"].not_scored == "limit dp_cells: too big"
     assert results["agent.step_accuracy"].metadata == {"limit_exceeded": True}
     assert results["span_count"].score == 3.0  # the others still run
+
+
+async def test_missing_expected_steps_fail_not_pass_silently() -> None:
+    """A task whose `scorers` names agent.step_accuracy but registers no expected steps (and whose
+    trace carries no aip.eval.expected_steps) gets an error result, counted as outcome `error` on
+    Prometheus and carried as `outcome: error` by the wire event every event stream (Kafka, OTel
+    events) sends; a task that does not name it stays quiet."""
+    rig = _Rig(tasks="tasks:\n  agent.run: {scorers: [agent.step_accuracy, trajectory.step_count]}\n")
+    rig.engine.scorers = ScorerRegistry.builtin()
+    rig.send(os.urandom(16), 3)
+    rig.close()
+    await rig.engine.wait_idle()
+    (event,) = rig.events
+    results = {r.metric: r for r in event.results}
+    assert results["agent.step_accuracy"].outcome == "error"
+    assert "no expected steps" in (results["agent.step_accuracy"].error or "")
+    assert results["trajectory.step_count"].outcome == "pass"
+
+    exporter = PrometheusExporter(max_task_keys=10, registered=lambda key: True)
+    await exporter.export([event])
+    errors = exporter.registry.get_sample_value(
+        "stepwatch_evaluations_total",
+        {
+            "metric": "agent.step_accuracy",
+            "task_key": "agent.run",
+            "partition_type": "trace",
+            "outcome": "error",
+        },
+    )
+    assert errors == 1.0
+    [wire] = [e for e in wire_events(event, ScoreEventConfig()) if e.metric == "agent.step_accuracy"]
+    assert wire.outcome == "error" and wire.error == results["agent.step_accuracy"].error
+
+    quiet = _Rig(tasks="tasks:\n  agent.run: {rules: [{max_steps: 5}]}\n")
+    quiet.engine.scorers = ScorerRegistry.builtin()
+    quiet.send(os.urandom(16), 3)
+    quiet.close()
+    await quiet.engine.wait_idle()
+    assert "agent.step_accuracy" not in {r.metric for r in quiet.events[0].results}
 
 
 async def test_revisions_leave_in_order_even_when_the_later_one_is_judged_first() -> None:

@@ -167,6 +167,31 @@ def test_embedded_calls_ignored_when_tool_spans_exist() -> None:
     ) == [("real", "TOOL")]
 
 
+def test_embedded_tool_calls_are_decided_per_trace_also_inside_a_session() -> None:
+    """step-accuracy.txt rule 1: "a trace with zero TOOL/AGENT spans ... contributes each embedded
+    call as its own ordered step": per trace, so a session whose first trace has tool spans and
+    whose second has only LLM-embedded calls keeps both traces' steps, in execution order."""
+    other = "ef" * 16
+    with_spans = [ROOT, _oi_llm(2, start=1, calls=[["lookup"]]), span(3, "lookup", start=2, **OI_TOOL)]
+    embedded_root = ROOT.model_copy(update={"trace_id": other, "start_time_unix_nano": 10})
+    embedded = _oi_llm(4, start=11, calls=[["refund", "notify"]]).model_copy(update={"trace_id": other})
+    late_tool = span(5, "close", start=30, **OI_TOOL)
+    session = build_partition("session", "s", [*with_spans, embedded_root, embedded, late_tool])
+    found = extract_steps(session)
+    assert [(s.name, s.trace_id, s.round_id) for s in found] == [
+        ("lookup", TRACE, f"{2:016x}"),
+        ("refund", other, f"{4:016x}"),
+        ("notify", other, f"{4:016x}"),
+        ("close", TRACE, None),
+    ]
+    assert found[1].input == {"n": 0, "m": 0}
+    # the same traces scored apart give the same steps each (trace partitions are unchanged)
+    assert [s.name for s in extract_steps(build_partition("trace", other, [embedded_root, embedded]))] == [
+        "refund",
+        "notify",
+    ]
+
+
 def test_round_ids_by_call_id_and_by_name_fallback() -> None:
     llm_a = _oi_llm(2, start=10, calls=[["search", "search"]])
     llm_b = _oi_llm(3, start=30, calls=[["book"]])
@@ -236,6 +261,32 @@ def test_tool_step_name_genai_then_openinference_then_span_name(
     ]
     # the trajectory names the same call the same way (trajectory-format.txt's tool name row)
     assert [s.tool for s in build_trajectory(build_partition("trace", TRACE, spans)).steps] == [want]
+
+
+@pytest.mark.parametrize(
+    ("name", "attributes", "want"),
+    [
+        ("execute_tool search_kb", {"gen_ai.operation.name": "execute_tool"}, "search_kb"),
+        (
+            "execute_tool search_kb",
+            {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": ""},
+            "search_kb",
+        ),
+        ("execute_tool search_kb", {"gen_ai.tool.name": "lookup"}, "lookup"),  # the attribute wins
+        ("execute_tool ", {"gen_ai.operation.name": "execute_tool"}, "execute_tool "),  # nothing after it
+        ("execute_tool", {"gen_ai.operation.name": "execute_tool"}, "execute_tool"),
+        ("search_kb", {"gen_ai.operation.name": "execute_tool"}, "search_kb"),
+    ],
+)
+def test_execute_tool_span_without_tool_name_yields_the_bare_tool_name(
+    name: str, attributes: dict[str, Any], want: str
+) -> None:
+    """OTel GenAI names a tool span `execute_tool {gen_ai.tool.name}`; without the attribute the step
+    is the invoked tool's bare name (step-accuracy.txt rule 2), not the span name."""
+    spans = [ROOT, span(2, name, start=1, **attributes)]
+    assert [(s.name, s.kind) for s in extract_steps(build_partition("trace", TRACE, spans))] == [
+        (want, "TOOL")
+    ]
 
 
 def test_empty_agent_name_reads_as_absent() -> None:
@@ -422,7 +473,9 @@ def test_round_by_name_never_crosses_traces() -> None:
     )
     tool = span(2, "x", start=5, **OI_TOOL)
     session = build_partition("session", "s", [ROOT, llm, tool])
-    assert [(s.name, s.round_id) for s in extract_steps(session)] == [("x", None)]
+    # the other trace has no TOOL/AGENT span: its embedded call is its own step (rule 1 per trace),
+    # and the tool span of this trace is never paired with it
+    assert [(s.name, s.round_id) for s in extract_steps(session)] == [("x", sid(9)), ("x", None)]
 
 
 # --- embedded calls (the no-step fallback) -----------------------------------------------------------
@@ -539,9 +592,11 @@ def test_steps_follow_the_spec_order_whatever_order_the_spans_arrive_in() -> Non
         ]
         assert keys == sorted(keys)
         roots = {id(r) for r in root_spans(spans)}
-        if any(s.round_id != s.span_id for s in got):  # steps from spans: each a non-root span, once
-            assert all(id(o) not in roots for o in origins)
-            assert len({id(o) for o in origins}) == len(origins)
+        # steps from spans (not embedded calls, whose round is their own span): each a non-root span,
+        # once; a session's trace without step spans adds its embedded calls among them
+        spanned = [o for step, o in zip(got, origins, strict=True) if step.round_id != step.span_id]
+        assert all(id(o) not in roots for o in spanned)
+        assert len({id(o) for o in spanned}) == len(spanned)
         nonempty += bool(got)
         rounds += any(s.round_id not in (None, s.span_id) for s in got)
     assert nonempty > 500 and rounds > 100  # the inputs exercise steps and rounds

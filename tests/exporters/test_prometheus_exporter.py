@@ -9,6 +9,8 @@ from dataclasses import replace
 
 import pytest
 from prometheus_client import generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.evaluator.scores import PartitionScores
@@ -17,8 +19,10 @@ from stepwatch.exporters.prometheus import (
     LATENCY_BUCKETS,
     UNREGISTERED,
     PrometheusExporter,
+    exemplar_source,
     latency_buckets,
 )
+from stepwatch.exporters.score_streams import ROOT_SPAN_ATTRIBUTE
 
 
 def scores(task_key: str, *results: ScoreResult, partition_id: str = "p") -> PartitionScores:
@@ -224,3 +228,83 @@ async def test_each_unit_has_its_own_family_and_plan_adherence_is_a_ratio() -> N
     assert sample("stepwatch_trajectory_steps_count", where) is None
     assert sample("stepwatch_evaluation_score_ratio_count", plan) is None
     assert exporter._scored == {}
+
+
+TRACE, OTHER, ROOT = (
+    "4bf92f3577b34da6a3ce929d0e0e4736",
+    "0af7651916cd43dd8448eb211c80319c",
+    "00f067aa0ba902b7",
+)
+
+
+async def test_ratio_observations_carry_the_first_traces_id_and_root_span_as_exemplars() -> None:
+    """OpenMetrics shows each ratio bucket's latest observation with `trace_id` (a session's first
+    trace, as ScoreEvent.trace_ids[0]) and the root's `span_id`, stamped with the scoring time; the
+    statistics' families, the counters and the classic text format carry none."""
+    exporter = PrometheusExporter(max_task_keys=10, registered={"refund"}.__contains__)
+    trace = replace(
+        scores(
+            "refund",
+            ScoreResult(metric="agent.step_accuracy", score=0.625, passed=False),
+            ScoreResult(metric="plan_adherence", score=90.0, passed=True),
+            ScoreResult(metric="trajectory.step_count", score=4.0),
+            partition_id=TRACE,
+        ),
+        scored_at_unix_nano=1_733_546_100_250_000_000,
+        attributes={ROOT_SPAN_ATTRIBUTE: ROOT},
+    )
+    session = replace(
+        scores("refund", ScoreResult(metric="agent.step_accuracy", score=1.0, passed=True)),
+        partition_type="session",
+        partition_id="session-1",
+        trace_ids=(OTHER, TRACE),
+        scored_at_unix_nano=1_733_546_101_000_000_000,
+    )
+    await exporter.export([trace, session])
+    text = openmetrics_latest(exporter.registry).decode()
+    found = {
+        (sample.name, sample.labels.get("metric"), sample.labels["partition_type"], sample.labels["le"]): (
+            sample.exemplar.labels,
+            sample.exemplar.value,
+            round(float(sample.exemplar.timestamp), 3),  # parsed back as seconds + nanoseconds
+        )
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.exemplar is not None
+    }
+    ratio = "stepwatch_evaluation_score_ratio_bucket"
+    assert found == {
+        (ratio, "agent.step_accuracy", "trace", "0.7"): (
+            {"trace_id": TRACE, "span_id": ROOT},
+            0.625,
+            1_733_546_100.25,
+        ),
+        (ratio, "plan_adherence", "trace", "0.9"): (
+            {"trace_id": TRACE, "span_id": ROOT},
+            0.9,
+            1_733_546_100.25,
+        ),
+        # no root span among the attributes: the trace id alone
+        (ratio, "agent.step_accuracy", "session", "1.0"): ({"trace_id": OTHER}, 1.0, 1_733_546_101.0),
+    }
+    assert " # {" not in generate_latest(exporter.registry).decode()
+
+    later = replace(trace, partition_id=OTHER, trace_ids=(OTHER,), revision=1)
+    await exporter.export([later])  # the same bucket again: the latest observation is its exemplar
+    text = openmetrics_latest(exporter.registry).decode()
+    line = next(
+        ln for ln in text.splitlines() if ln.startswith(ratio) and 'le="0.7",metric="agent.step' in ln
+    )
+    assert f'trace_id="{OTHER}"' in line and f'trace_id="{TRACE}"' not in line
+    assert line.split(" # ")[0].endswith(" 2.0")
+
+
+def test_the_exemplar_source_is_the_first_trace_and_its_root_span() -> None:
+    base = scores("refund", partition_id=TRACE)
+    assert exemplar_source(base) == (TRACE, None, 0)
+    stamped = replace(base, attributes={ROOT_SPAN_ATTRIBUTE: ROOT}, scored_at_unix_nano=5)
+    assert exemplar_source(stamped) == (TRACE, ROOT, 5)
+    session = replace(base, partition_type="session", partition_id="s1", trace_ids=(OTHER, TRACE))
+    assert exemplar_source(session) == (OTHER, None, 0)
+    assert exemplar_source(replace(base, trace_ids=())) == (TRACE, None, 0)  # a trace is its own id
+    assert exemplar_source(replace(session, trace_ids=())) is None  # a session with no trace: none

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
@@ -13,11 +14,15 @@ from scorestream_helpers import build_score_event, make_event, make_partition
 
 from stepwatch import __version__
 from stepwatch.evaluator.expectations.expectation import Expectation
+from stepwatch.evaluator.model import Span
+from stepwatch.evaluator.partitioning import build_partition
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.exporters.config import KafkaExporterConfig, SpoolConfig
 from stepwatch.exporters.events import (
     ScoreEvent,
     compute_event_id,
+    ordered_root_span_id,
+    root_span_id,
     score_event_json_schema,
 )
 
@@ -183,3 +188,40 @@ def test_sasl_credentials_come_from_the_environment(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("STEPWATCH_KAFKA_SASL_PASSWORD", "s3cret")
     options = config.client_options()
     assert (options["sasl_plain_username"], options["sasl_plain_password"]) == ("svc", "s3cret")
+
+
+def test_the_ordered_root_lookup_finds_root_span_ids_root_in_every_partition() -> None:
+    """The service's quick lookup (first parentless span, spans in span order) agrees with
+    root_span_id on sessions of several traces, parentless spans that tie or start later, spans
+    without a start time (untimed roots sort first there) and partial traces with orphans only."""
+    rng = random.Random(3)
+    checked = {"untimed": 0, "orphans_only": 0, "timed": 0}
+    for case in range(400):
+        spans = []
+        for t in range(rng.randint(1, 3)):
+            trace_id = f"{case:08x}{t:024x}"
+            ids = [f"{t:04x}{n:012x}" for n in range(rng.randint(1, 8))]
+            for n, span_id in enumerate(ids):
+                parent = (
+                    rng.choice([None, "ffffffffffffffff", *ids[:n]])
+                    if n or rng.random() < 0.8
+                    else "eeeeeeeeeeeeeeee"
+                )
+                start = None if rng.random() < 0.05 else rng.choice([0, 100, 100, 200, 300])
+                spans.append(
+                    Span(trace_id=trace_id, span_id=span_id, parent_span_id=parent, name="s",
+                         start_time_unix_nano=start, seq=len(spans))
+                )  # fmt: skip
+        rng.shuffle(spans)
+        partition = build_partition("session", "s", spans)
+        for trace_id in partition.trace_ids:
+            trace = [s for s in partition.spans if s.trace_id == trace_id]
+            if any(s.start_time_unix_nano is None for s in partition.spans):
+                checked["untimed"] += 1
+            elif all(s.parent_span_id is not None for s in trace):
+                checked["orphans_only"] += 1
+            else:
+                checked["timed"] += 1
+            assert ordered_root_span_id(partition, trace_id) == root_span_id(partition, trace_id), case
+    assert ordered_root_span_id(partition, None) is None
+    assert min(checked.values()) > 20, checked  # every way through was taken

@@ -110,7 +110,7 @@ def test_limited_spans_are_identical_when_limits_bite() -> None:
         assert limited() == native
 
 
-def _run_service(requests: list[bytes], expectations: Path) -> tuple[list[Any], Any]:
+def _run_service(requests: list[bytes], expectations: Path, sweeps: int = 1) -> tuple[list[Any], Any]:
     clock = ManualClock()
     environ = {"STEPWATCH_EXPECTATIONS__FILE": str(expectations), "STEPWATCH_EXPECTATIONS__WATCH": "false"}
     service = Service(load_config(None, environ=environ), clock=clock)
@@ -120,6 +120,9 @@ def _run_service(requests: list[bytes], expectations: Path) -> tuple[list[Any], 
     clock.advance(service.config.buffer.rootless_trace_idle_timeout or 60.0)
     clock.advance(60.0)
     outputs = service.engine.process_all(service.buffer.sweep())
+    for _ in range(sweeps - 1):  # what the closed traces routed into sessions, once those close
+        clock.advance(service.config.buffer.session_idle_timeout + 1.0)
+        outputs += service.engine.process_all(service.buffer.sweep())
     events = []
     for out in outputs:
         fields = dataclasses.asdict(out.event)
@@ -196,3 +199,87 @@ def test_the_native_core_and_its_deferrals_are_metered() -> None:
     assert registry.get_sample_value("stepwatch_native_core") == 1
     after = registry.get_sample_value("stepwatch_native_deferred_total", {"function": "read_observe"})
     assert after == before + 1
+
+
+def _limits_request() -> bytes:
+    """One trace of the shapes the per-span limits used to change the meaning of: an LLM span with
+    205 attributes (tokens and an embedded call among them) and a tool span whose JSON input is
+    over max_attribute_value_length; then a session's second trace with only an embedded call."""
+    import json
+
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+    def attr(key: str, value: object) -> KeyValue:
+        if isinstance(value, int):
+            return KeyValue(key=key, value=AnyValue(int_value=value))
+        return KeyValue(key=key, value=AnyValue(string_value=str(value)))
+
+    request = ExportTraceServiceRequest()
+    spans = request.resource_spans.add().scope_spans.add().spans
+    for t, trace_id in enumerate((bytes(range(1, 17)), bytes(range(2, 18)))):
+        root = spans.add(trace_id=trace_id, span_id=bytes([t + 1] * 8), name="invoke_agent refunds")
+        root.start_time_unix_nano, root.end_time_unix_nano = 10 + 100 * t, 90 + 100 * t
+        root.attributes.extend(
+            [
+                attr("gen_ai.operation.name", "invoke_agent"),
+                attr("gen_ai.agent.name", "refunds"),
+                attr("session.id", "s1"),
+            ]
+        )
+        llm = spans.add(
+            trace_id=trace_id, span_id=bytes([t + 1, 7] * 4), name="llm", parent_span_id=root.span_id
+        )
+        llm.start_time_unix_nano, llm.end_time_unix_nano = 11 + 100 * t, 20 + 100 * t
+        llm.attributes.extend(
+            [attr(f"llm.input_messages.{i}.message.content", f"turn {i}") for i in range(200)]
+        )
+        llm.attributes.extend(
+            [
+                attr("openinference.span.kind", "LLM"),
+                attr("llm.token_count.prompt", 1200),
+                attr("llm.output_messages.0.message.tool_calls.0.tool_call.function.name", f"call_{t}"),
+                attr("llm.output_messages.0.message.tool_calls.0.tool_call.function.arguments", '{"n": 1}'),
+            ]
+        )
+        if t == 0:  # the second trace has only the embedded call
+            tool = spans.add(trace_id=trace_id, span_id=bytes([9] * 8), name="execute_tool issue_refund")
+            tool.parent_span_id = root.span_id
+            tool.start_time_unix_nano, tool.end_time_unix_nano = 30, 40
+            arguments = json.dumps({"notes": "n" * 9000, "amount": 42})
+            tool.attributes.extend(
+                [attr("gen_ai.operation.name", "execute_tool"), attr("gen_ai.tool.call.arguments", arguments)]
+            )
+    return request.SerializeToString()
+
+
+@pytest.mark.parametrize("partition", ["trace", "session"])
+def test_limits_keep_what_scoring_reads_the_same_native_and_python(tmp_path: Path, partition: str) -> None:
+    """Issue 36 §2 through the whole service on both paths: scoring attributes read before the caps,
+    JSON inputs cut inside, the `limited` mark, the bare `execute_tool` name and the per-trace
+    embedded calls of a session all give identical events."""
+    expectations = tmp_path / "tasks.yaml"
+    expectations.write_text(
+        "tasks:\n  refunds:\n"
+        f"    partition: {partition}\n"
+        "    expected_steps: [issue_refund, call_1]\n"
+        "    rules: [{must_call: issue_refund, with: {amount: {equals: 42}}}]\n"
+    )
+    requests = [_limits_request()]
+    native, _ = _run_service(requests, expectations, sweeps=2)  # the session closes a sweep later
+    with python_path():
+        python, _ = _run_service(requests, expectations, sweeps=2)
+    assert native == python
+    by_metric = [{r["metric"]: r for r in event["results"]} for event in native]
+    if partition == "trace":  # the first trace has the cut input, the second only its embedded call
+        first, second = by_metric
+        assert first["agent.step_accuracy"]["metadata"]["limited"] == ["attribute_value_length"]
+        assert first["agent.step_accuracy"]["metadata"]["actual_steps"] == ["issue_refund"]
+        assert "limited" not in second["agent.step_accuracy"]["metadata"]
+        assert second["agent.step_accuracy"]["metadata"]["actual_steps"] == ["call_1"]
+        assert first["trajectory.total_tokens"]["score"] == second["trajectory.total_tokens"]["score"] == 1200
+    else:
+        [session] = by_metric
+        assert session["agent.step_accuracy"]["metadata"]["limited"] == ["attribute_value_length"]
+        assert session["agent.step_accuracy"]["metadata"]["actual_steps"] == ["issue_refund", "call_1"]
+        assert session["agent.step_accuracy"]["score"] == 1.0
+        assert session["trajectory.total_tokens"]["score"] == 2400

@@ -167,7 +167,11 @@ def test_dataset_table_counts_errors(tmp_path: Path) -> None:
     proc = run("score", "--dataset", str(dataset))
     assert proc.returncode == 1
     assert "2 partition(s), 1 with errors" in proc.stdout.splitlines()
-    assert proc.stderr == ""  # progress only on a terminal
+    # no progress line (only on a terminal); the closing summary names the row not scored and why
+    lines = proc.stderr.splitlines()
+    assert lines[0] == "stepwatch score: 1 of 2 row(s) not fully scored:"
+    assert lines[1].startswith("  1 x row: error: ") and "gone.pb" in lines[1] and lines[1].endswith("[x]")
+    assert len(lines) == 2
 
 
 @pytest.mark.parametrize(
@@ -324,3 +328,97 @@ def test_inline_dataset_traces_get_serves_limits(tmp_path: Path) -> None:
     assert len(steps) == 2 and all(step.endswith("[truncated]") and len(step) < 9000 for step in steps)
     assert "over 2000" in got["big"]["agent.step_accuracy"]["not_scored"]
     assert got["big"]["agent.step_accuracy"]["metadata"]["limit_exceeded"] is True
+
+
+def _native_trace(path: Path, *tools: str) -> None:
+    path.write_text(json.dumps({"final_output": "done", "steps": [{"tool": tool} for tool in tools]}))
+
+
+def test_missing_expected_steps_fail_not_pass_silently(tmp_path: Path) -> None:
+    """step-accuracy.txt: "every occurrence must resolve a trajectory ... or scoring fails". In a
+    dataset whose other rows score agent.step_accuracy, a row without expected steps gets an error
+    result and the run exits 1 (it used to give no result and exit 0); a dataset that never uses
+    step accuracy stays quiet."""
+    _native_trace(tmp_path / "run.json", "search", "answer")
+    data = tmp_path / "rows.jsonl"
+    rows = [
+        {"id": "with", "trace": "run.json", "expected_steps": ["search", "answer"]},
+        {"id": "without", "trace": "run.json"},
+    ]
+    data.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    proc = run("score", "--dataset", str(data), "--format", "json")
+    assert proc.returncode == 1, proc.stderr
+    got = {r["id"]: {x["metric"]: x for x in r["results"]} for r in map(json.loads, proc.stdout.splitlines())}
+    assert got["with"]["agent.step_accuracy"]["score"] == 1.0
+    missing = got["without"]["agent.step_accuracy"]
+    assert missing["score"] is None and "no expected steps for this row" in missing["error"]
+    table = run("score", "--dataset", str(data))
+    assert table.returncode == 1 and "2 partition(s), 1 with errors" in table.stdout
+    # --scorer chooses the scorers: step accuracy not among them is not asked for
+    assert run("score", "--dataset", str(data), "--scorer", "trajectory.step_count").returncode == 0
+
+    # --expected-steps makes every row use it; a row's own steps still win
+    data.write_text(json.dumps({"id": "without", "trace": "run.json"}) + "\n")
+    assert run("score", "--dataset", str(data), "--expected-steps", '["search"]').returncode == 0
+    # a dataset that never uses step accuracy: no step-accuracy result, exit 0
+    quiet = run("score", "--dataset", str(data), "--format", "json")
+    assert quiet.returncode == 0, quiet.stderr
+    assert "agent.step_accuracy" not in {x["metric"] for x in json.loads(quiet.stdout)["results"]}
+
+
+def test_a_trajectory_steps_row_without_a_trajectory_is_refused(tmp_path: Path) -> None:
+    """A judge row with expected_trajectory but neither `trajectory` nor `trace` has nothing to
+    judge: refused before anything is scored (exit 2, one line naming the row), not scored 0.0."""
+    data = tmp_path / "rows.jsonl"
+    rows = [
+        {"id": "ok", "trajectory": ["look up order 4471"], "expected_trajectory": ["look up order"]},
+        {
+            "id": "bare",
+            "input": "Refund order 4471.",
+            "expected_trajectory": ["look up order", "issue refund"],
+        },
+    ]
+    data.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    proc = run("score", "--dataset", str(data), "--format", "json")
+    assert_usage_error(
+        proc, f"{data}:2: the row has `expected_trajectory`, `input` but no trajectory to score"
+    )
+    assert proc.stdout == ""  # nothing was scored
+    # an empty trajectory is a trajectory (the agent did nothing): scored, not refused
+    data.write_text(
+        json.dumps({"id": "empty", "trajectory": [], "expected_trajectory": ["look up order"]}) + "\n"
+    )
+    proc = run("score", "--dataset", str(data), "--format", "json")
+    assert proc.returncode in (0, 1) and json.loads(proc.stdout)["results"], proc.stderr
+
+
+def test_offline_score_accepts_serves_limits_options(tmp_path: Path) -> None:
+    """`score` takes the limits serve's config takes (security.limits from --config, or the
+    STEPWATCH_SECURITY__LIMITS__* variables), so a trace scores offline as it does in serve."""
+    path = tmp_path / "long.pb"
+    _many_tool_calls(path, 2, tool="t" * 9000)
+    config = tmp_path / "stepwatch.yaml"
+    config.write_text("security:\n  limits:\n    max_attribute_value_length: 10000\n")
+    proc = run("score", str(path), "--config", str(config), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert "limits applied" not in proc.stderr  # 9,000 characters are within 10,000
+    (record,) = [json.loads(line) for line in proc.stdout.splitlines()]
+    steps = {r["metric"]: r for r in record["results"]}["trajectory.step_count"]["metadata"]["steps"]
+    assert steps == ["t" * 9000, "t" * 9000]
+
+    env = {"STEPWATCH_SECURITY__LIMITS__MAX_ATTRIBUTE_VALUE_LENGTH": "100", "PATH": ""}
+    proc = subprocess.run(
+        [STEPWATCH, "score", str(path), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "limits applied as serve applies them: attribute_value_length 2" in proc.stderr
+    assert "they cut values scoring reads (attribute_value_length)" in proc.stderr
+    (record,) = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert all(r["metadata"]["limited"] == ["attribute_value_length"] for r in record["results"])
+
+    config.write_text("security:\n  limits:\n    max_attribute_value_length: -1\n")
+    assert_usage_error(run("score", str(path), "--config", str(config)), "--config: security.limits")

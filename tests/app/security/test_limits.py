@@ -163,3 +163,124 @@ def test_request_size_limits_live_under_the_receivers_and_the_old_key_names_the_
         None, environ={f"STEPWATCH_{section.upper()}__{receiver.upper()}__{field.upper()}": "65536"}
     )
     assert getattr(getattr(config.receivers, receiver), field) == 65536
+
+
+# -- limits must not silently change what a trace means ------------------------------------------
+
+
+def _scored(spans: list[Span], expectation: Expectation) -> tuple[object, dict[str, object]]:
+    """The spans limited as serve limits them at close time, then scored by the default scorers."""
+    from stepwatch.evaluator.partitioning import build_partition
+    from stepwatch.evaluator.pipeline import build_scoring_input, run_sync_scorers
+    from stepwatch.evaluator.scorers.registry import ScorerRegistry
+    from stepwatch.receiver.codec.records import limit_spans
+
+    limited = limit_spans(spans, LimitsConfig(), LimitCounters())
+    inp = build_scoring_input(build_partition("trace", "ab" * 16, limited), expectation)
+    results = run_sync_scorers(inp, ScorerRegistry.builtin().scorers_for(expectation))
+    return inp, {r.metric: r for r in results}
+
+
+ROOT = Span(
+    trace_id="ab" * 16, span_id="1" * 16, name="agent", attributes={"openinference.span.kind": "AGENT"}
+)
+
+
+def _child(span_id: str, name: str, attributes: dict) -> Span:
+    return Span(
+        trace_id="ab" * 16, span_id=span_id * 16, parent_span_id="1" * 16, name=name, attributes=attributes
+    )
+
+
+def test_limits_must_not_silently_change_what_a_trace_means_attributes_per_span():
+    """An LLM span with more than max_attributes_per_span (128) attributes (a long conversation)
+    keeps its token counts and embedded tool calls: the scoring attributes are read before the cap
+    applies to the rest. Nothing scoring reads was cut, so no result is marked `limited`."""
+    import json
+
+    attributes: dict[str, object] = {
+        f"llm.input_messages.{i}.message.content": f"turn {i}" for i in range(200)
+    }
+    attributes |= {
+        "openinference.span.kind": "LLM",
+        "llm.token_count.prompt": 1200,
+        "llm.token_count.completion": 40,
+        "llm.output_messages.0.message.tool_calls.0.tool_call.function.name": "issue_refund",
+        "llm.output_messages.0.message.tool_calls.0.tool_call.function.arguments": json.dumps({"amount": 42}),
+    }
+    meter = LimitCounters()
+    [_, llm] = apply_span_limits([ROOT, _child("2", "llm", attributes)], LimitsConfig(), meter).spans
+    assert len(llm.attributes) == 128 and meter.counts["attributes_per_span"] == 205 - 128
+    inp, results = _scored(
+        [ROOT, _child("2", "llm", attributes)], Expectation(expected_steps=["issue_refund"])
+    )
+    assert (inp.trajectory.token_usage.input_tokens, inp.trajectory.token_usage.output_tokens) == (1200, 40)
+    assert [(s.name, s.input) for s in inp.steps] == [("issue_refund", {"amount": 42})]
+    assert results["agent.step_accuracy"].score == 1.0
+    assert all("limited" not in r.metadata for r in results.values())
+
+
+def test_limits_must_not_silently_change_what_a_trace_means_value_length():
+    """A JSON tool input over max_attribute_value_length keeps its fields: the strings inside it are
+    truncated, not the text, so a rule on `amount` still holds. The field that was cut marks every
+    result `limited`, and a rule reading it says the value was truncated."""
+    import json
+
+    notes = "n" * 9000 + " refund approved"
+    tool = _child(
+        "2",
+        "execute_tool issue_refund",
+        {
+            "gen_ai.tool.name": "issue_refund",
+            "gen_ai.tool.call.arguments": json.dumps({"notes": notes, "amount": 42}),
+        },
+    )
+    rules = [
+        {"must_call": "issue_refund", "with": {"amount": {"equals": 42}}},
+        {"must_call": "issue_refund", "with": {"notes": {"contains": "approved"}}},
+    ]
+    inp, results = _scored([ROOT, tool], Expectation(rules=rules))
+    [step] = inp.trajectory.steps
+    assert step.input["amount"] == 42 and step.input["notes"] == "n" * 8192 + TRUNCATION_MARK
+    outcomes = results["trajectory"].metadata["rules"]
+    assert outcomes[0]["passed"] is True  # was: "input has no field 'amount'"
+    assert outcomes[1]["passed"] is False
+    assert outcomes[1]["reason"].endswith(
+        "'notes' does not contain 'approved' (the value was truncated at security.limits.max_attribute_value_length)"
+    )
+    assert {tuple(r.metadata.get("limited", ())) for r in results.values()} == {("attribute_value_length",)}
+
+    # not JSON: truncated whole, and the rule says the input was cut before it could be read
+    text = _child("2", "pay", {"gen_ai.tool.name": "pay", "gen_ai.tool.call.arguments": "x" * 9000})
+    _, results = _scored(
+        [ROOT, text], Expectation(rules=[{"must_call": "pay", "with": {"amount": {"equals": 1}}}])
+    )
+    assert (
+        results["trajectory"]
+        .metadata["rules"][0]["reason"]
+        .endswith(
+            "input has no field 'amount' (the input was truncated at security.limits.max_attribute_value_length)"
+        )
+    )
+    assert results["trajectory"].metadata["limited"] == ["attribute_value_length"]
+
+
+def test_limits_on_values_scoring_does_not_read_mark_nothing():
+    """An LLM span's long prompt and response (input.value / output.value on a span that is no step
+    and no root) are cut as before, without marking the partition: scoring never reads them."""
+    llm = _child(
+        "2", "llm", {"openinference.span.kind": "LLM", "input.value": "p" * 9000, "output.value": "o" * 9000}
+    )
+    inp, results = _scored([ROOT, llm], Expectation())
+    assert inp.partition.spans[1].attributes["input.value"].endswith(TRUNCATION_MARK)
+    assert "limited" not in inp.extras and all("limited" not in r.metadata for r in results.values())
+
+
+def test_a_json_value_nested_too_deep_for_scoring_marks_json_depth():
+    deep = "[" * 40 + "]" * 40
+    tool = _child(
+        "2", "lookup", {"tool.name": "lookup", "openinference.span.kind": "TOOL", "input.value": deep}
+    )
+    inp, results = _scored([ROOT, tool], Expectation())
+    assert inp.steps[0].input == "(json_depth limit: value nested too deeply, not unwrapped)"
+    assert results["trajectory.step_count"].metadata["limited"] == ["json_depth"]

@@ -597,7 +597,10 @@ async def test_a_slow_remote_judge_never_holds_up_receivers_or_other_partitions(
     async with slow_chat_completions(delay=1.5) as (base_url, seen):
         config = {"judge": {"backend": "openai", "openai": {"base_url": base_url, "price_input_per_1k": 1.0}}}
         async with running(tmp_path, config, memory=memory) as (service, metrics_port):
-            judged = {"expected_trajectory": ["search for flights", "book the flight"]}
+            judged = {
+                "expected_trajectory": ["search for flights", "book the flight"],
+                "judge": {"scorers": ["trajectory_steps"]},
+            }
             (tmp_path / "expectations.yaml").write_text(
                 yaml.safe_dump({"tasks": {TASK: judged, "plain": {"expected_steps": ["search_flights"]}}})
             )

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 from shared_paths import REPO
 
-from stepwatch.evaluator.expectations.store import ExpectationsError, load_expectations, parse_expectations
+from stepwatch.evaluator.expectations.store import ExpectationsError, parse_expectations
 from stepwatch.evaluator.scorers.registry import ScorerRegistry
 
 EXAMPLE = REPO / "examples" / "expectations.yaml"
 
 
 def test_example_file_parses_with_groups_rules_and_partitions() -> None:
-    store = load_expectations(EXAMPLE, ScorerRegistry.builtin().check_names)
+    store = parse_expectations(EXAMPLE.read_text(), str(EXAMPLE), ScorerRegistry.builtin().check_listed)
     refund = store.get("refund-order")
     assert refund is not None and refund.expected_steps == [
         "lookup_order",
@@ -61,6 +61,11 @@ def test_json_documents_are_accepted() -> None:
             "task 't': rules[0]: a rule needs exactly one of must_call",
         ),
         ("tasks:\n  t:\n    scorers: [nope]\n", "task 't': scorers: unknown scorer 'nope'"),
+        (
+            "tasks:\n  t:\n    scorers: [agent.step_accuracy, plan_adherence]\n",
+            "task 't': scorers: unknown scorer 'plan_adherence' in `scorers`: judge scorers go under "
+            "`judge.scorers` (judge: {scorers: [plan_adherence]})",
+        ),
         ("tasks:\n  t: 5\n", "task 't': must be a mapping"),
         ("task:\n  t: {}\n", "unknown top-level key(s) 'task'"),
         ("tasks: [\n", "not valid YAML/JSON (line"),
@@ -68,7 +73,7 @@ def test_json_documents_are_accepted() -> None:
 )
 def test_mistakes_are_named(body: str, message: str) -> None:
     with pytest.raises(ExpectationsError) as info:
-        parse_expectations(body, "exp.yaml", ScorerRegistry.builtin().check_names)
+        parse_expectations(body, "exp.yaml", ScorerRegistry.builtin().check_listed)
     assert message in str(info.value) and str(info.value).startswith("exp.yaml")
 
 
@@ -78,3 +83,21 @@ def test_every_bad_task_is_reported_at_once() -> None:
     assert (
         "task 'a'" in str(info.value) and "task 'b'" in str(info.value) and "task 'c'" not in str(info.value)
     )
+
+
+def test_a_document_without_tasks_is_described_by_the_caller() -> None:
+    """Only the caller knows what else the file might be (a service config): its line replaces the
+    generic one, and only when `tasks:` is missing, not for a stray key beside it."""
+    seen: list[object] = []
+
+    def describe(top: object) -> str:
+        seen.append(top)
+        return "exp.yaml: a service config"
+
+    with pytest.raises(ExpectationsError, match=r"^exp\.yaml: a service config$"):
+        parse_expectations("buffer: {}\n", "exp.yaml", no_tasks=describe)
+    assert seen == [{"buffer": {}}]
+    with pytest.raises(ExpectationsError, match="unknown top-level key"):
+        parse_expectations("tasks: {}\nbuffer: {}\n", "exp.yaml", no_tasks=describe)
+    assert parse_expectations("", "exp.yaml", no_tasks=describe).task_keys == ()
+    assert len(seen) == 1

@@ -45,15 +45,21 @@ async def test_inline_openinference_trace_scores_plan_adherence(tokyo_trace):
     assert by_metric["trajectory.step_count"].score is not None
 
 
-def test_default_selection_follows_the_expectation():
+def test_judge_scorers_run_only_where_judge_scorers_names_them():
     reg = registry()
     names = lambda e: {s.name for s in reg.scorers_for(e)}  # noqa: E731
-    assert "trajectory_steps" not in names(Expectation())
-    assert "trajectory_steps" in names(Expectation(expected_trajectory=["look up order"]))
-    assert "plan_adherence" in names(Expectation(expected_plan="a, b"))
-    assert names(Expectation(expected_plan="a, b", judge={"scorers": ["trajectory_steps"]})) >= {
-        "trajectory_steps"
+    assert not names(Expectation()) & {"trajectory_steps", "plan_adherence"}
+    # a registered plan or outcome steps alone do not turn a judge on (no `judge:` section)
+    assert not names(Expectation(expected_plan="a, b", expected_trajectory=["look up order"])) & {
+        "trajectory_steps",
+        "plan_adherence",
     }
-    assert "plan_adherence" not in names(
-        Expectation(expected_plan="a, b", judge={"scorers": ["trajectory_steps"]})
+    assert "trajectory_steps" in names(
+        Expectation(expected_trajectory=["look up order"], judge={"scorers": ["trajectory_steps"]})
     )
+    only_steps = names(Expectation(expected_plan="a, b", judge={"scorers": ["trajectory_steps"]}))
+    assert "trajectory_steps" in only_steps and "plan_adherence" not in only_steps
+    # named without a plan: the plan comes from the prompts
+    assert "plan_adherence" in names(Expectation(judge={"scorers": ["plan_adherence"]}))
+    # a judge section without scorers names none
+    assert not names(Expectation(expected_plan="a, b", judge={"sampling_rate": 0.5})) & {"plan_adherence"}

@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from stepwatch.evaluator.expectations.expectation import Expectation
 from stepwatch.evaluator.judge.base import JudgeBatch, Question
-from stepwatch.evaluator.judge.local import LocalJudge
+from stepwatch.evaluator.judge.local import (
+    ACCURACY_NO,
+    ACCURACY_YES,
+    MIDPOINT,
+    WEAK_EVIDENCE,
+    LocalJudge,
+    answer_accuracy,
+    calibrate,
+)
+from stepwatch.evaluator.judge.runner import JudgeRunner
+from stepwatch.evaluator.judge.textsim import evidence
+from stepwatch.evaluator.model import Step
+from stepwatch.evaluator.scorers.plan_adherence import PlanAdherenceScorer
 from stepwatch.evaluator.scorers.trajectory_steps import TrajectoryStepsScorer, combine
 
 REFUND = {
@@ -30,7 +45,11 @@ async def test_spec_refund_example_scores_two_of_three_with_notify_missing(make_
     assert result.score == pytest.approx(0.65, abs=0.01)
     assert result.label == "64% yes"  # 0.648: shown figures are truncated, as the spec shows them
     assert result.passed is True and result.threshold == 0.5
-    assert result.metadata["confidence"] == pytest.approx(abs(result.score - 0.5) * 2, abs=1e-3)
+    # the local judge's confidence: P(pass is right) with each answer right at its measured rate
+    # (yes y, no n): both yes right (y²), or one of them wrong and the no wrong too (2·y·(1-y)·(1-n))
+    y, n = ACCURACY_YES, ACCURACY_NO
+    assert result.metadata["confidence"] == pytest.approx(y**2 + 2 * y * (1 - y) * (1 - n), abs=1e-3)
+    assert result.metadata["confidence_basis"] == "measured local-judge accuracy"
     assert result.metadata["probabilities"]["yes"] + result.metadata["probabilities"]["no"] == pytest.approx(
         1
     )
@@ -167,3 +186,151 @@ def test_local_judge_is_deterministic_and_graded(make_inline):
     low, high, none = first[0], first[1], first[2]
     assert none < low < 0.5 < high  # a partial match sits between the clear answers
     assert all(0.0 < p < 1.0 for p in first)
+
+
+# -- honest answers: measured accuracy, abstention where the words decide nothing -----------------
+
+DATA = Path(__file__).parent / "data"
+
+
+def _runs() -> dict[str, Any]:
+    return json.loads((DATA / "outcome_runs.json").read_text())
+
+
+async def _judged(trajectory: list[str], expected: list[str], make_inline: Any) -> Any:
+    return await TrajectoryStepsScorer().score(
+        make_inline({"trajectory": trajectory, "expected_trajectory": expected})
+    )
+
+
+def _auc(good: list[float], bad: list[float]) -> float:
+    return sum((g > b) + 0.5 * (g == b) for g in good for b in bad) / (len(good) * len(bad))
+
+
+@pytest.mark.parametrize(
+    ("split", "min_gap", "min_step_accuracy"),
+    [("dev", 0.45, 0.9), ("heldout", 0.35, 0.8)],  # measured: gaps 0.46 / 0.37, steps 0.909 / 0.812
+)
+async def test_outcome_phrased_steps_separate_good_runs_from_bad(
+    make_inline, split, min_gap, min_step_accuracy
+):
+    """docs/judges.md's figures: before the evidence cut/boost, good runs averaged 0.584 vs 0.316
+    (dev) and 0.516 vs 0.270 (heldout), AUC 0.847 / 0.938."""
+    good: list[float] = []
+    bad: list[float] = []
+    right = steps = 0
+    for task in _runs()[split]:
+        for run in task["runs"]:
+            result = await _judged(run["trajectory"], task["expected"], make_inline)
+            if result.not_scored is not None:
+                continue
+            (good if run["good"] else bad).append(result.score)
+            for row, label in zip(result.metadata["details"], run["labels"], strict=True):
+                right += row["performed"] == bool(label)
+                steps += 1
+    assert _auc(good, bad) == 1.0
+    assert sum(good) / len(good) - sum(bad) / len(bad) >= min_gap
+    assert right / steps >= min_step_accuracy
+
+
+async def test_weak_evidence_that_decides_the_verdict_is_an_abstention(make_inline):
+    runner = JudgeRunner()
+    scorer = TrajectoryStepsScorer(runner)
+    ticket = _runs()["dev"][4]  # search_kb + send_reply against four ticket steps: 0.5 hangs on weak words
+    result = await scorer.score(
+        make_inline(
+            {"trajectory": ticket["runs"][2]["trajectory"], "expected_trajectory": ticket["expected"]}
+        )
+    )
+    assert result.score is None and result.not_scored == "local judge: no evidence either way"
+    assert result.outcome == "not_scored" and result.metadata["judge_outcome"] == "abstained"
+    assert result.metadata["undecided_steps"] and all(
+        row["evidence"] == "weak"
+        for row in result.metadata["details"]
+        if row["step"] in result.metadata["undecided_steps"]
+    )
+    assert runner.governor.counters["abstained"] == 1
+
+
+async def test_weak_evidence_that_cannot_change_the_verdict_still_scores(make_inline):
+    """One weak step of four, the other three clearly done: pass whatever it is."""
+    result = await _judged(
+        [
+            "lookup_order",
+            "check_policy",
+            "check_fraud",
+            "issue_refund",
+            'search_web {"query": "Tokyo travel guide"}',
+        ],
+        [
+            "look up the order",
+            "check the refund policy",
+            "screen the order for fraud",
+            "refund the customer",
+            "research the destination",
+        ],
+        make_inline,
+    )
+    assert result.not_scored is None and result.passed is True
+    assert [row["evidence"] for row in result.metadata["details"]].count("weak") == 1
+    assert 0.5 < result.metadata["confidence"] < 1.0
+
+
+def _evidence_items(splits: dict[str, list[str]]) -> list[tuple[float, int]]:
+    pairs = json.loads((DATA / "paraphrase_pairs.json").read_text())
+    trajectories = json.loads((DATA / "trajectories.json").read_text())
+    runs = _runs()
+    out = [(evidence(s, a), label) for key in splits["pairs"] for s, a, label in pairs[key]]
+    out += [
+        (max(evidence(s, a) for a in t["trajectory"]), label)
+        for key in splits["trajectories"]
+        for t in trajectories[key]
+        for s, label in t["expected"]
+    ]
+    out += [
+        (max(evidence(s, a) for a in run["trajectory"]), label)
+        for key in splits["runs"]
+        for task in runs[key]
+        for run in task["runs"]
+        for s, label in zip(task["expected"], run["labels"], strict=True)
+    ]
+    return out
+
+
+def test_the_claimed_accuracies_are_the_measured_ones():
+    """ACCURACY_YES / ACCURACY_NO are what the held-out sets measure (so a lexicon change that
+    moves them fails here until local.py says the new figures), and weak evidence is a coin."""
+    held = _evidence_items({"pairs": ["heldout", "heldout2"], "trajectories": ["test"], "runs": ["heldout"]})
+    paraphrase = json.loads((DATA / "paraphrase_heldout.json").read_text())["heldout"]
+    held += [
+        (max(evidence(s, a) for a in t["trajectory"]), label)
+        for t in paraphrase
+        for s, label in t["expected"]
+    ]
+    dev = _evidence_items({"pairs": ["dev"], "trajectories": ["dev"], "runs": ["dev"]})
+    low, high = WEAK_EVIDENCE
+    yes = [label == 1 for e, label in held if e >= high]
+    no = [label == 0 for e, label in held if e < low]
+    assert sum(yes) / len(yes) == pytest.approx(ACCURACY_YES, abs=0.03)
+    assert sum(no) / len(no) == pytest.approx(ACCURACY_NO, abs=0.03)
+    weak = [(e >= MIDPOINT) == (label == 1) for e, label in dev if low <= e < high]
+    assert 0.35 <= sum(weak) / len(weak) <= 0.65
+    assert answer_accuracy(calibrate(0.5)) == 0.5 and answer_accuracy(calibrate(0.9)) == ACCURACY_YES
+
+
+async def test_plan_adherence_abstains_when_a_weak_step_decides_it(make_steps_input):
+    runner = JudgeRunner()
+    steps = [
+        Step(name="get_weather", kind="TOOL", input={"city": "Tokyo"}, round_id="r1"),
+        Step(name="search_web", kind="TOOL", input={"query": "Tokyo travel guide"}, round_id="r2"),
+    ]
+    expectation = Expectation(expected_plan="Check the weather, then research the destination.")
+    result = await PlanAdherenceScorer(runner).score(make_steps_input(steps, expectation))
+    assert result.not_scored == "local judge: no evidence either way", result.explanation
+    # "research the destination" by search_web: 0.6 evidence (done? not done? 100 or 37.5)
+    assert "research the destination" in result.metadata["undecided_steps"]
+    decided = await PlanAdherenceScorer(runner).score(
+        make_steps_input(steps[:1], Expectation(expected_plan="Check the weather"))
+    )
+    assert decided.score == 100 and decided.metadata["confidence"] == ACCURACY_YES
+    assert decided.metadata["confidence_basis"] == "measured local-judge accuracy"

@@ -23,6 +23,7 @@ from stepwatch.evaluator.judge.base import (
     JudgeOverBudget,
     JudgeTimeout,
     JudgeUnavailable,
+    Question,
 )
 from stepwatch.evaluator.judge.governor import JudgeGovernor
 from stepwatch.evaluator.judge.openai import OpenAIJudge
@@ -111,6 +112,216 @@ async def test_the_optional_input_reaches_the_judge(fake):
         await judge.aclose()
     assert result.score is not None
     assert "Refund order 4471 and notify the customer." in server.requests[0]["messages"][-1]["content"]
+
+
+LLAMA_MODELS = {"object": "list", "data": [{"id": "judge-model", "object": "model", "owned_by": "llamacpp"}]}
+
+
+async def test_auto_decoding_detects_llama_cpp_once_and_sends_the_grammar(fake, caplog):
+    server = await fake(answering(lambda line: 0.9))
+    server.models = LLAMA_MODELS
+    judge = judge_for(server)
+    caplog.set_level("INFO", logger="stepwatch.judge")
+    try:
+        await judge.ask(refund_batch())
+        await judge.ask(refund_batch({**REFUND, "trajectory": ["look up order 1"]}))
+    finally:
+        await judge.aclose()
+    assert server.probes == ["/v1/models"]  # probed once, llama.cpp found on the first probe
+    assert JudgeRunner(judge=judge).prompt_metadata()["judge_decoding"] == "gbnf"  # in every result
+    assert judge.decoding == "gbnf" and all("grammar" in body for body in server.requests)
+    assert all(body["repeat_penalty"] == 1.0 for body in server.requests)
+    assert (
+        "constrained by a GBNF grammar: llama.cpp server detected (/models owned_by llamacpp)" in caplog.text
+    )
+
+
+async def test_auto_decoding_reads_llama_cpp_props_when_models_says_nothing(fake):
+    server = await fake(answering(lambda line: 0.9))
+    server.models = {"object": "list", "data": [{"id": "judge-model", "owned_by": "me"}]}
+    server.props = {"default_generation_settings": {"n_ctx": 4096}, "total_slots": 1}
+    answers, judge = await ask_refund(server)
+    assert server.probes == ["/v1/models", "/props"] and judge.decoding == "gbnf"
+    assert "grammar" in server.requests[0] and len(answers) == 4
+
+
+@pytest.mark.parametrize(
+    ("models", "props"),
+    [
+        ({"object": "list", "data": [{"id": "judge-model", "owned_by": "library"}]}, None),  # Ollama
+        (None, None),  # no probe endpoint at all (404)
+        ("<html>not json</html>", {"unrelated": True}),  # garbage, and a /props that is not llama.cpp's
+    ],
+)
+async def test_auto_decoding_falls_back_to_free_text_on_other_servers(fake, caplog, models, props):
+    server = await fake(answering(lambda line: 0.9))
+    server.models, server.props = models, props
+    caplog.set_level("INFO", logger="stepwatch.judge")
+    answers, judge = await ask_refund(server)
+    assert judge.decoding == "none" and "grammar" not in server.requests[0]
+    assert "repeat_penalty" not in server.requests[0] and len(answers) == 4
+    assert "answer lines not constrained" in caplog.text
+
+
+async def test_a_server_rejecting_the_detected_grammar_is_asked_again_without_it(fake, caplog):
+    def respond(body: dict, n: int) -> Any:
+        if "grammar" in body:
+            return web.json_response({"error": "unknown field: grammar"}, status=400)
+        return answering(lambda line: 0.9)(body, n)
+
+    server = await fake(respond)
+    server.models = LLAMA_MODELS
+    caplog.set_level("INFO", logger="stepwatch.judge")
+    answers, judge = await ask_refund(server)
+    assert ["grammar" in body for body in server.requests] == [True, False]
+    assert judge.decoding == "none" and len(answers) == 4
+    assert "rejected the GBNF grammar (HTTP 400" in caplog.text
+
+
+VLLM_MODELS = {"object": "list", "data": [{"id": "judge-model", "object": "model", "owned_by": "vllm"}]}
+P_REFUND = {"E1": 0.93, "E2": 0.88, "E3": 0.04}
+
+
+def by_key(line: str) -> float:
+    return P_REFUND.get(line.split(".", 1)[0], 0.9)
+
+
+@pytest.mark.parametrize("prompt_version", [None, "stepwatch-judge-5"])
+async def test_auto_decoding_sends_a_strict_json_schema_to_vllm_and_reads_its_logprobs(
+    fake, caplog, prompt_version
+):
+    """vLLM (`owned_by: vllm`): the answers held by a JSON schema of the answer lines, each an enum
+    of what the grammar would admit; p read at each answer's own token (v7: the verdict after the
+    restated step; v5: `yes S2` / `no`), the evidence step from the digit after `S`."""
+    server = await fake(answering(by_key))
+    server.models = VLLM_MODELS
+    caplog.set_level("INFO", logger="stepwatch.judge")
+    judge = judge_for(server, prompt_version=prompt_version)
+    try:
+        answers = await judge.ask(refund_batch())
+    finally:
+        await judge.aclose()
+    body = server.requests[0]
+    assert judge.decoding == "json_schema" and "grammar" not in body and "repeat_penalty" not in body
+    spec = body["response_format"]["json_schema"]
+    assert body["response_format"]["type"] == "json_schema" and spec["strict"] is True
+    schema = spec["schema"]
+    assert schema["additionalProperties"] is False and schema["required"] == list(schema["properties"])
+    first = schema["properties"]["E1. look up order"]["enum"]
+    if prompt_version is None:  # v7: the nearest step restated, then the verdict
+        assert first[:2] == ["S1 lookup order (order id: 4471): yes", "S1 lookup order (order id: 4471): no"]
+    else:
+        assert first == ["yes S1", "yes S2", "no"]
+    assert [round(a.p, 2) for a in answers[:3]] == [0.93, 0.88, 0.04]
+    assert {a.source for a in answers[:3]} == {"logprobs"}
+    assert answers[0].where == ((0, 1.0),) and answers[1].where == ((1, 1.0),) and answers[2].where == ()
+    assert answers[3].source == "positions" and answers[3].p == pytest.approx(1.0)  # in order
+    assert "constrained by a strict JSON schema: vLLM server detected (/models owned_by vllm)" in caplog.text
+
+
+async def test_json_schema_answers_for_plan_lines_and_without_logprobs(fake):
+    """plan_adherence's yes/no lines (`S1. search web`, `full`) in JSON; a server that returns no
+    logprobs gives each answer from its value, marked answer_text."""
+    server = await fake(answering(lambda line: 0.2 if line == "full" else 0.8))
+    plain = await fake(answering(lambda line: 0.8, logprobs=False))
+    batch = JudgeBatch(
+        state={"trajectory": ['search_web {"q": "tokyo"}', "book_flight"], "plan_steps": ["research Tokyo"]},
+        questions=[
+            Question(
+                f"c0.{j}",
+                "contributes",
+                "",
+                ("trajectory", "plan_steps"),
+                {"target": "plan_steps", "step": 0, "index": j},
+                "plan0",
+            )
+            for j in range(2)
+        ]
+        + [
+            Question(
+                "full0",
+                "fully_accomplishes",
+                "",
+                ("trajectory", "plan_steps"),
+                {"target": "plan_steps", "index": 0},
+                "plan0",
+            )
+        ],
+    )
+    answers = []
+    for target in (server, plain):
+        judge = judge_for(target, decoding="json_schema")
+        try:
+            answers.append(await judge.ask(batch))
+        finally:
+            await judge.aclose()
+    assert list(server.requests[0]["response_format"]["json_schema"]["schema"]["properties"]) == [
+        "S1. search web",
+        "S2. book flight",
+        "full",
+    ]
+    assert [round(a.p, 2) for a in answers[0]] == [0.8, 0.8, 0.2] and {a.source for a in answers[0]} == {
+        "logprobs"
+    }
+    assert [(a.p, a.source) for a in answers[1]] == [(1.0, "answer_text")] * 3
+
+
+async def test_a_server_rejecting_the_detected_schema_falls_back_and_bad_json_is_malformed(fake):
+    def respond(body: dict, n: int) -> Any:
+        if "response_format" in body:
+            return web.json_response({"error": "response_format is not supported"}, status=400)
+        return answering(lambda line: 0.9)(body, n)
+
+    server = await fake(respond)
+    server.models = VLLM_MODELS
+    answers, judge = await ask_refund(server)
+    assert ["response_format" in body for body in server.requests] == [True, False]
+    assert judge.decoding == "none" and len(answers) == 4
+
+    def broken(body: dict, n: int) -> Any:
+        return raw_completion({"index": 0, "message": {"role": "assistant", "content": '{"E1. look up'}})
+
+    bad = await fake(broken)
+    judge = judge_for(bad, decoding="json_schema", max_retries=0)
+    try:
+        with pytest.raises(JudgeMalformed, match="not the JSON answers asked for"):
+            await judge.ask(refund_batch())
+    finally:
+        await judge.aclose()
+
+
+async def test_openai_itself_gets_the_json_schema_without_a_probe():
+    import aiohttp
+
+    judge = OpenAIJudge(OpenAIJudgeConfig(model="gpt-4o-mini"), environ={})  # api.openai.com
+    judge._session, judge._probe_lock = aiohttp.ClientSession(), asyncio.Lock()
+    try:
+        await judge._detect_decoding()  # decided from the URL: nothing is sent
+    finally:
+        await judge.aclose()
+    assert judge.decoding == "json_schema"
+
+
+async def test_a_forced_grammar_is_not_dropped_and_none_never_probes(fake):
+    def reject(body: dict, n: int) -> Any:
+        return web.json_response({"error": "unknown field: grammar"}, status=400)
+
+    server = await fake(reject)
+    forced = judge_for(server, decoding="gbnf", max_retries=0)
+    try:
+        with pytest.raises(JudgeError, match="HTTP 400"):
+            await forced.ask(refund_batch())
+    finally:
+        await forced.aclose()
+    assert server.probes == [] and len(server.requests) == 1
+    plain = await fake(answering(lambda line: 0.9))
+    plain.models = LLAMA_MODELS
+    judge = judge_for(plain, decoding="none")
+    try:
+        await judge.ask(refund_batch())
+    finally:
+        await judge.aclose()
+    assert plain.probes == [] and "grammar" not in plain.requests[0]
 
 
 async def test_grammar_constrains_the_answer_lines_when_enabled(fake):

@@ -7,7 +7,7 @@ import copy
 from stepwatch.evaluator.expectations.expectation import Expectation
 from stepwatch.evaluator.model import Step
 from stepwatch.evaluator.plan import plan_from_expected, steps_from_text
-from stepwatch.evaluator.scorers.plan_adherence import PlanAdherenceScorer
+from stepwatch.evaluator.scorers.plan_adherence import PlanAdherenceScorer, processed_steps
 
 TOKYO_PLAN = "For Tokyo: research the destination, check flight options, look up the weather, then suggest a few activities."
 TRIP_PLAN = "1. Search flights to Tokyo\n2. Book the flight\n3. Book a hotel\n4. Email the itinerary"
@@ -167,13 +167,60 @@ async def test_failure_conditions_give_an_error_and_no_score(
         assert result.score is None and result.outcome == "error"
 
 
-def test_applicable_only_when_a_plan_is_given_or_requested(make_steps_input):
+def test_applicable_only_when_requested(make_steps_input):
     scorer = PlanAdherenceScorer()
     assert not scorer.applicable(make_steps_input(FULL_RUN, Expectation()))
-    assert scorer.applicable(make_steps_input(FULL_RUN, Expectation(expected_plan=TRIP_PLAN)))
+    # a registered plan alone does not ask for a judge (no `judge:` section)
+    assert not scorer.applicable(make_steps_input(FULL_RUN, Expectation(expected_plan=TRIP_PLAN)))
+    assert scorer.applicable(
+        make_steps_input(
+            FULL_RUN, Expectation(expected_plan=TRIP_PLAN, judge={"scorers": ["plan_adherence"]})
+        )
+    )
     assert scorer.applicable(make_steps_input(FULL_RUN, Expectation(scorers=["plan_adherence"])))
     assert not scorer.applicable(
         make_steps_input(
             FULL_RUN, Expectation(expected_plan=TRIP_PLAN, judge={"scorers": ["trajectory_steps"]})
         )
     )
+
+
+def _tokyo_spans(tokyo_trace, *names_and_ids: str) -> list[dict]:
+    wanted = set(names_and_ids)
+    return [copy.deepcopy(s) for s in tokyo_trace if s["context"]["span_id"] in wanted]
+
+
+async def test_plan_adherence_refuses_a_partition_with_no_actionable_steps_behind_an_agent_wrapper(
+    tokyo_trace, make_trace_input
+):
+    """plan-adherence.txt: evaluation fails "when the trace has no actionable steps to score". The
+    reply alone under a nested agent wrapper ("Trip Planner" holding only the final LLM reply) has
+    none: the wrapper did no work of its own, so it is refused like the bare reply (was 0.0)."""
+    root, wrapper, reply = "0x145e3c64b3b99a77", "0x083b5fc1127d658a", "0xbbbbbbbbbbbbbbbb"
+    plan = "research the destination, check flight options, then suggest a few activities"
+    inp = make_trace_input(_tokyo_spans(tokyo_trace, root, wrapper, reply), Expectation(expected_plan=plan))
+    assert [(step.name, step.kind) for step in inp.steps] == [("Trip Planner", "AGENT")]
+    result = await PlanAdherenceScorer().score(inp)
+    assert result.error == "the trace has no actionable steps to score" and result.score is None
+    # the same wrapper with a tool call beneath it is a container: the tool call is scored
+    worked = _tokyo_spans(tokyo_trace, root, wrapper, "0x64e5562a83068b87", "0x6c9868e6283f0ed1", reply)
+    scored = await PlanAdherenceScorer().score(make_trace_input(worked, Expectation(expected_plan=plan)))
+    assert scored.error is None and scored.score is not None
+
+
+async def test_an_agent_wrapper_that_only_replied_is_never_off_plan(
+    make_steps_input, tokyo_trace, make_trace_input
+):
+    """Beside real work, a reply-only agent step stays a processed step (it may carry out a plan
+    step) but is not actionable: it is not counted as off-plan work."""
+    root, wrapper, reply = "0x145e3c64b3b99a77", "0x083b5fc1127d658a", "0xbbbbbbbbbbbbbbbb"
+    spans = _tokyo_spans(tokyo_trace, root, wrapper, reply)
+    tool = copy.deepcopy(next(s for s in tokyo_trace if s["context"]["span_id"] == "0x6c9868e6283f0ed1"))
+    tool["parent_id"] = root  # the research ran beside the wrapper, not inside it
+    inp = make_trace_input([*spans, tool], Expectation(expected_plan="research the destination"))
+    processed = processed_steps(inp)
+    wrapper_index = processed.steps.index(next(s for s in processed.steps if "Trip Planner" in s))
+    assert wrapper_index in processed.replies and wrapper_index not in processed.actionable
+    result = await PlanAdherenceScorer().score(inp)
+    assert result.error is None
+    assert all(row["index"] != wrapper_index for row in result.metadata.get("incorrect_span_indexes", []))

@@ -3,8 +3,9 @@ serving Qwen2.5-Coder-0.5B-Instruct Q4_K_M (tests/evaluator/judge/llama_fixture.
 caches both under .cache/judge/). Few and fast: one server for the session (conftest.py
 `llama_server`), four requests. The fake server (fake_openai.py) covers the failure modes; this
 covers what only a real model shows: the wire format of a real server's logprobs,
-grammar-constrained answer lines, real probabilities, and `stepwatch score` end to end as
-docs/judges.md shows it.
+grammar-constrained answer lines (by default: the judge detects llama.cpp's server and sends the
+grammar without being told), real probabilities, and `stepwatch score` end to end as docs/judges.md
+shows it.
 
 CPU cost is the prompt: ~900 tokens of system prompt and worked examples. The trajectory_steps
 tests send the same trajectory one after the other, so the second finds that prefix in the
@@ -52,10 +53,8 @@ DEADLINE_S = 600.0  # CPU inference on a shared 2-core runner: seconds to a minu
 
 
 def judge_for(server: LlamaServer) -> OpenAIJudge:
-    config = OpenAIJudgeConfig(
-        base_url=server.base_url, model=CI_MODEL, timeout_s=DEADLINE_S, max_retries=0, answer_grammar=True
-    )
-    return OpenAIJudge(config, environ={})
+    config = OpenAIJudgeConfig(base_url=server.base_url, model=CI_MODEL, timeout_s=DEADLINE_S, max_retries=0)
+    return OpenAIJudge(config, environ={})  # decoding: auto (the default)
 
 
 def runner_for(judge: OpenAIJudge) -> JudgeRunner:
@@ -69,6 +68,7 @@ async def test_one_request_per_trajectory_with_probabilities_from_real_logprobs(
     finally:
         await judge.aclose()
     assert result.score is not None, result.not_scored
+    assert judge.decoding == "gbnf"  # llama-server detected by its probe: the grammar by default
     assert judge.stats.requests == {"ok": 1}  # 3 step questions + order: one request
     # 3 answers read from the answer tokens' logprobs; the order answer computed from the steps named
     assert judge.stats.snapshot()["answers"] == {"logprobs": 3, "positions": 1}
@@ -83,6 +83,7 @@ async def test_one_request_per_trajectory_with_probabilities_from_real_logprobs(
     assert [row.get("evidence_index") for row in rows[:2]] == [0, 1], rows
     assert result.metadata["p_order_source"] == "positions" and 0.0 <= result.metadata["p_order"] <= 1.0
     assert result.metadata["judge_prompt"] == prompt_file().version
+    assert result.metadata["judge_decoding"] == "gbnf"
     # ~1,300 prompt tokens; answer tokens: `E1. look up the order: S1 lookup order (order id:
     # 4471): yes` lines (prompt stepwatch-judge-7 restates the step it names), ~20-25 each
     assert judge.stats.input_tokens > 300 and 0 < judge.stats.output_tokens <= 120
@@ -105,7 +106,6 @@ def test_stepwatch_score_against_the_real_server_as_the_docs_show(server, tmp_pa
         server.base_url,
         "--judge-model",
         CI_MODEL,
-        "--judge-grammar",
         "--judge-timeout",
         "600",
         "--judge-deadline",
@@ -115,6 +115,7 @@ def test_stepwatch_score_against_the_real_server_as_the_docs_show(server, tmp_pa
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr
+    assert "constrained by a GBNF grammar: llama.cpp server detected" in done.stderr  # no flag needed
     records = {r["id"]: r["results"] for r in map(json.loads, done.stdout.splitlines())}
     [refund] = records["refund"]
     assert refund["metric"] == "trajectory_steps" and refund["metadata"]["judge"] == "openai"

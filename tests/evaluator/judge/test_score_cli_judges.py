@@ -3,9 +3,11 @@ inline request fields, and against a fake OpenAI-compatible server."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -72,6 +74,18 @@ def test_dataset_with_inline_fields_and_the_local_judge(tmp_path, tokyo_trace, c
     assert got["tokyo-file"]["plan_adherence"]["score"] == 50
 
 
+def test_a_rows_own_judge_field_asks_for_its_scorer_and_only_that_one(tmp_path, tokyo_trace, capsys):
+    """Without --scorer: the refund row's expected_trajectory names trajectory_steps, the Tokyo
+    rows' expected_plan names plan_adherence; neither row gets the other judge scorer."""
+    data = write_dataset(tmp_path, tokyo_trace)
+    code = main(["score", "--dataset", str(data), "--format", "json"])
+    got = records(capsys.readouterr().out)
+    assert code == 0
+    assert "trajectory_steps" in got["refund"] and "plan_adherence" not in got["refund"]
+    assert got["tokyo-inline"]["plan_adherence"]["score"] == 25
+    assert "trajectory_steps" not in got["tokyo-inline"] and "trajectory_steps" not in got["tokyo-file"]
+
+
 def test_unknown_scorer_is_a_usage_error(tmp_path, tokyo_trace, capsys):
     data = write_dataset(tmp_path, tokyo_trace)
     assert main(["score", "--dataset", str(data), "--scorer", "nope"]) == 2
@@ -79,14 +93,17 @@ def test_unknown_scorer_is_a_usage_error(tmp_path, tokyo_trace, capsys):
 
 
 @pytest.fixture
-def fake_openai() -> Iterator[tuple[str, list[dict]]]:
-    """A threaded fake Chat Completions server (the CLI runs its own event loops)."""
+def fake_openai(request: pytest.FixtureRequest) -> Iterator[tuple[str, list[dict]]]:
+    """A threaded fake Chat Completions server (the CLI runs its own event loops); indirect
+    parametrisation gives each answer a delay in seconds."""
     received: list[dict] = []
+    delay = float(getattr(request, "param", 0.0))
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             received.append(body)
+            time.sleep(delay)
             lines = form_lines(body)
             p_yes = [0.03 if line.startswith("E3") else 0.97 for line in lines]  # E3: notify customer
             answer = completion_for(lines, p_yes, usage=(50, 20))
@@ -144,3 +161,63 @@ def test_openai_judge_from_the_cli(tmp_path, tokyo_trace, capsys, fake_openai, m
     result = got["refund"]["trajectory_steps"]
     assert result["score"] == pytest.approx((0.97 + 0.97 + 0.03) / 3 * (0.7 + 0.3 * 1.0), abs=1e-3)
     assert len(received) == 1 and all(body["model"] == "m" for body in received)  # one per trajectory
+
+
+def slow_rows(tmp_path: Path) -> Path:
+    rows = [
+        {
+            "id": f"r{n}",
+            "trajectory": [f"look up order {n}"],
+            "expected_trajectory": ["look up order", "notify customer"],
+        }
+        for n in range(3)
+    ]
+    path = tmp_path / "slow.jsonl"
+    path.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    return path
+
+
+def judge_args(url: str, data: Path, *extra: str) -> list[str]:
+    base = ["score", "--dataset", str(data), "--judge", "openai", "--judge-base-url", url, "--format", "json"]
+    return [*base, "--judge-model", "m", *extra]
+
+
+@pytest.mark.parametrize("fake_openai", [0.4], indirect=True)
+def test_offline_deadline_is_per_partition_not_the_run(tmp_path, capsys, fake_openai):
+    """Three rows of 0.4 s each under a 1 s deadline: every row is scored (1.2 s in all), since
+    offline judges one partition at a time and each one's deadline starts with its own request."""
+    url, received = fake_openai
+    code = main(judge_args(url, slow_rows(tmp_path), "--judge-deadline", "1"))
+    got = records(capsys.readouterr().out)
+    assert code == 0 and len(received) == 3
+    assert all(got[f"r{n}"]["trajectory_steps"]["score"] is not None for n in range(3))
+
+
+@pytest.mark.parametrize("fake_openai", [0.4], indirect=True)
+def test_offline_rows_past_the_deadline_are_summarised_and_fail_the_run(tmp_path, capsys, fake_openai):
+    url, _ = fake_openai
+    code = main(judge_args(url, slow_rows(tmp_path), "--judge-deadline", "0.1"))
+    captured = capsys.readouterr()
+    got = records(captured.out)
+    assert code == 1
+    assert got["r0"]["trajectory_steps"]["not_scored"] == "judge openai gave no answer within 0.1s"
+    assert captured.err.splitlines() == [
+        "stepwatch score: 3 of 3 row(s) not fully scored:",
+        "  3 x trajectory_steps: judge openai gave no answer within 0.1s [r0, r1, r2]",
+    ]
+
+
+@pytest.mark.parametrize("fake_openai", [1.2], indirect=True)
+def test_offline_waits_for_the_judge_by_default(tmp_path, capsys, fake_openai):
+    """No --judge-deadline: a judge slower than any streaming deadline is still waited for."""
+    from stepwatch.commands import score as score_command
+
+    url, _ = fake_openai
+    parser = argparse.ArgumentParser()
+    score_command.add_arguments(parser)
+    runner = score_command._judge_runtime(parser.parse_args(["x", "--judge", "openai"]))[1]
+    assert runner.governor.deadline_s is None and runner.judge.config.timeout_s == 600
+    data = slow_rows(tmp_path)
+    data.write_text(data.read_text().splitlines()[0] + "\n")
+    code = main(judge_args(url, data, "--judge-timeout", "5"))
+    assert code == 0 and records(capsys.readouterr().out)["r0"]["trajectory_steps"]["score"] is not None

@@ -129,8 +129,15 @@ def test_judge_deadline_and_timeout_flags_reach_the_judge(tmp_path):
     _, runner = score_command._judge_runtime(args)
     assert runner.governor.deadline_s == 90
     assert runner.judge.config.timeout_s == 45 and runner.judge.config.answer_grammar is True
+    assert runner.judge.decoding == "gbnf"  # forced: no probe
     with pytest.raises(SystemExit):
         parser.parse_args(["x", "--judge-deadline", "0"])
+    default = score_command._judge_runtime(parser.parse_args(["x", "--judge", "openai"]))[1]
+    assert default.judge.config.decoding == "auto" and default.judge.decoding is None  # probed on first use
+    off = score_command._judge_runtime(
+        parser.parse_args(["x", "--judge", "openai", "--judge-decoding", "none"])
+    )
+    assert off[1].judge.decoding == "none"
 
 
 @pytest.mark.parametrize(

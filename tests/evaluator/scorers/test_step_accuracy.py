@@ -19,6 +19,7 @@ from shared_paths import CORPUS
 from stepwatch.evaluator.expectations.expectation import Expectation
 from stepwatch.evaluator.model import Partition, Step, normalise_tool_name
 from stepwatch.evaluator.scorers.base import ScoringInput, SyncScorer
+from stepwatch.evaluator.scorers.registry import ScorerRegistry
 from stepwatch.evaluator.scorers.step_accuracy import (
     StepAccuracyError,
     StepAccuracyScorer,
@@ -284,6 +285,26 @@ def test_scorer_contract_and_applicability() -> None:
     assert scorer.name == "agent.step_accuracy"
     assert scorer.applicable(scoring_input([], ["a"]))
     assert not scorer.applicable(scoring_input([], None))
+
+
+def test_missing_expected_steps_fail_not_pass_silently() -> None:
+    """step-accuracy.txt: "every occurrence must resolve a trajectory from one of them or scoring
+    fails". A task whose `scorers` names agent.step_accuracy and resolves no expected steps gets an
+    error result (outcome error), not no result; the default selection still skips it quietly."""
+    named = Expectation(scorers=["agent.step_accuracy", "trajectory.step_count"])
+    registry = ScorerRegistry.builtin()
+    [scorer] = [s for s in registry.scorers_for(named) if s.name == "agent.step_accuracy"]
+    inp = scoring_input(tools("search"), None, named)
+    assert scorer.applicable(inp)
+    result = scorer.score(inp)
+    assert result.outcome == "error" and result.score is None
+    assert result.error is not None and result.error.startswith("no expected steps to score against")
+    # with expected steps (e.g. an aip.eval.expected_steps annotation) it scores as usual
+    assert scorer.score(scoring_input(tools("search"), ["search"], named)).score == 1.0
+    # not named: the default selection skips a partition without expected steps (no result)
+    [default] = [s for s in registry.scorers_for(Expectation()) if s.name == "agent.step_accuracy"]
+    assert not default.applicable(scoring_input(tools("search"), None, Expectation()))
+    assert not StepAccuracyScorer().applicable(scoring_input([], None))
 
 
 def test_scorer_drops_ignored_steps_by_key_and_reports_them() -> None:
