@@ -123,6 +123,25 @@ def total(samples: Samples, name: str, **labels: str) -> float:
     return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
 
 
+def span_identity(samples: Samples) -> tuple[float, float]:
+    """The accounting identity of one scrape (docs/serve.md): (received + replayed, scored +
+    rejected + duplicate + late + buffered); the two are equal in every scrape."""
+    taken = total(samples, "stepwatch_spans_received_total") + total(
+        samples, "stepwatch_spans_replayed_total"
+    )
+    settled = sum(
+        total(samples, name)
+        for name in (
+            "stepwatch_spans_scored_total",
+            "stepwatch_spans_rejected_total",
+            "stepwatch_spans_duplicate_total",
+            "stepwatch_spans_late_total",
+            "stepwatch_buffered_spans",
+        )
+    )
+    return taken, settled
+
+
 class ServeProcess:
     """A running `stepwatch serve` and the ports it listens on."""
 

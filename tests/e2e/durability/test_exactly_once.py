@@ -37,7 +37,7 @@ from crash_helpers import (
 )
 from kafka_broker import TansuBroker
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from serve_helpers import free_port, scrape, serve_env, total
+from serve_helpers import free_port, scrape, serve_env, span_identity, total
 from shared_paths import LOADGEN
 from tcp_proxy import TcpProxy
 
@@ -99,23 +99,6 @@ def _scores_by_identity(lines: list[list[object]]) -> dict[tuple[str, str, str, 
     for kind, pid, revision, metric, score, _passed, _reason in lines:
         out[(str(kind), str(pid), str(metric), int(revision))].add(score)  # type: ignore[call-overload]
     return out
-
-
-def _balanced(samples: dict) -> tuple[float, float]:  # type: ignore[type-arg]
-    taken_in = total(samples, "stepwatch_spans_received_total") + total(
-        samples, "stepwatch_spans_replayed_total"
-    )
-    settled = sum(
-        total(samples, name)
-        for name in (
-            "stepwatch_spans_scored_total",
-            "stepwatch_spans_rejected_total",
-            "stepwatch_spans_duplicate_total",
-            "stepwatch_spans_late_total",
-            "stepwatch_buffered_spans",
-        )
-    )
-    return taken_in, settled
 
 
 class SideTraffic:
@@ -292,7 +275,7 @@ def test_two_sigkills_small_segments_and_a_kafka_outage_change_no_score(tmp_path
             "the buffer and the Kafka spool to drain",
         )
         samples = scrape(metrics)
-        taken_in, settled = _balanced(samples)
+        taken_in, settled = span_identity(samples)
         assert taken_in == settled, samples
         assert total(samples, "stepwatch_spans_replayed_total") > 0, "the last life replayed the log"
         server.stop()

@@ -21,7 +21,7 @@ import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from otlp_requests import new_trace_id, trace_request
-from serve_helpers import parse_samples, total
+from serve_helpers import parse_samples, span_identity, total
 
 from stepwatch.evaluator.accounting import LOCKED_FIELDS, LOOP_FIELDS, SpanAccounting
 from stepwatch.evaluator.buffer import PartitionBuffer
@@ -101,24 +101,6 @@ def _watch(acc: SpanAccounting, buffer: PartitionBuffer) -> _Discipline:
     return discipline
 
 
-def _identity(samples: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> tuple[float, float]:
-    """(received + replayed, scored + rejected + duplicate + late + buffered) of one scrape."""
-    taken = total(samples, "stepwatch_spans_received_total") + total(
-        samples, "stepwatch_spans_replayed_total"
-    )
-    settled = sum(
-        total(samples, name)
-        for name in (
-            "stepwatch_spans_scored_total",
-            "stepwatch_spans_rejected_total",
-            "stepwatch_spans_duplicate_total",
-            "stepwatch_spans_late_total",
-            "stepwatch_buffered_spans",
-        )
-    )
-    return taken, settled
-
-
 @pytest.fixture
 def thread_switches() -> Iterator[None]:
     """Threads switched every 10 us instead of 5 ms, so a scrape or a `+=` interleaves with the
@@ -149,7 +131,9 @@ async def test_four_workers_keep_the_accounting_identity(tmp_path, h, thread_swi
 
         async def scrape_under_load() -> None:
             while loading:
-                scrapes.append(_identity(parse_samples(await asyncio.to_thread(_metrics_text, metrics.url))))
+                scrapes.append(
+                    span_identity(parse_samples(await asyncio.to_thread(_metrics_text, metrics.url)))
+                )
                 await asyncio.sleep(0.01)
 
         async def client(share: list[bytes]) -> None:
@@ -195,7 +179,7 @@ async def test_four_workers_keep_the_accounting_identity(tmp_path, h, thread_swi
         broken = [(taken, settled) for taken, settled in scrapes if taken != settled]
         assert broken == [], f"{len(broken)} of {len(scrapes)} scrapes break the identity: {broken[:3]}"
         duplicated = 4 * (DUPLICATED // 4) * 2 * SPANS
-        assert _identity(final) == (sent, sent)
+        assert span_identity(final) == (sent, sent)
         assert total(final, "stepwatch_spans_received_total") == sent
         assert total(final, "stepwatch_spans_rejected_total", reason="invalid_trace_id") == INVALID
         assert total(final, "stepwatch_spans_rejected_total", reason="limit") == SESSIONS * SPANS
