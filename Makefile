@@ -9,7 +9,7 @@ DEBS := $(VENV)/debs
 export CARGO_TARGET_DIR ?= $(CURDIR)/.cache/cargo-target
 NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 
-.PHONY: setup runtime system-deps rust serve test lint bench bench-judge judge-fixture otelcol
+.PHONY: setup runtime system-deps rust serve test lint bench bench-judge judge-fixture otelcol browser
 
 # Runtime dependencies only: what `stepwatch serve` imports (and the native core it builds).
 $(BIN)/.runtime: pyproject.toml $(NATIVE_SOURCES) | rust
@@ -54,6 +54,14 @@ define unpack_debian_tools
 	@for tool in $(2); do ln -sf "$(abspath $(DEBS))/root/usr/bin/$$tool" "$(BIN)/$$tool"; done
 endef
 
+# Headless Chromium and its WebDriver for the debug pages' browser test (tests/e2e/serve/
+# test_debug_browser.py), from Debian's packages, installed only when either command is missing
+# (a browser cannot be unpacked into the virtualenv like promtool: it needs its shared libraries).
+browser:
+	@command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || { \
+		echo "installing chromium + chromium-driver (Debian packages)"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver; }
+
 # Flags pass through: make serve ARGS="--expectations examples/expectations.yaml".
 serve: runtime
 	$(BIN)/stepwatch serve $(ARGS)
@@ -69,7 +77,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: setup system-deps otelcol judge-fixture
+test: setup system-deps otelcol judge-fixture browser
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	MYPY=$(abspath $(BIN))/mypy .ci/typecheck

@@ -238,6 +238,13 @@ class LogSamplingConfig(Section):
     thereafter: int = Field(
         default=100, ge=1, description="After `initial`, one record in this many is logged per tick."
     )
+    failures_per_second: float = Field(
+        default=20.0,
+        gt=0,
+        description="Per-partition lines of a failing partition (a metric failed or errored) are never "
+        "sampled away: at most this many a second are logged (bursts up to one second's worth), the "
+        "rest counted in stepwatch_partition_log_suppressed_total.",
+    )
 
 
 class LoggingConfig(Section):
@@ -260,11 +267,46 @@ class LoggingConfig(Section):
 class DebugPagesConfig(Section):
     """zpages-like pages on the metrics port, behind its auth (docs/operations.md, Debug pages)."""
 
-    enabled: bool = Field(default=True, description="Serve /debug/partitionz and /debug/rejectionz.")
+    enabled: bool = Field(
+        default=True, description="Serve /debug/ (partitionz with each partition's detail, rejectionz)."
+    )
     max_partitions: int = Field(
-        default=200, ge=1, le=100_000, description="Most recent scored partition revisions kept."
+        default=200,
+        ge=1,
+        le=100_000,
+        description="Most recent scored partition revisions kept, with their details.",
+    )
+    max_failures_per_task_key: int = Field(
+        default=20,
+        ge=0,
+        le=10_000,
+        description="Most recent failing revisions (a metric failed or errored) kept per task key, "
+        "besides max_partitions, so passes never push them out. 0: none kept apart.",
+    )
+    max_failure_task_keys: int = Field(
+        default=100,
+        ge=1,
+        le=10_000,
+        description="Task keys whose failures are kept, over all tenants (each tenant's key counts "
+        "apart); beyond it, the key that failed least recently is dropped first.",
     )
     max_rejections: int = Field(default=200, ge=1, le=100_000, description="Most recent rejections kept.")
+    trace_url_template: str | None = Field(
+        default=None,
+        description="Link from a partition's detail page to its trace: an http(s) URL in which every "
+        "`{trace_id}` is replaced by the trace id (Grafana Explore, Tempo, Jaeger). Unset: no link.",
+    )
+
+    @field_validator("trace_url_template")
+    @classmethod
+    def _one_trace_id_field(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if "{trace_id}" not in value:
+            raise ValueError("trace_url_template must contain {trace_id}")
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("trace_url_template must be an http:// or https:// URL")
+        return value
 
 
 class ServiceConfig(Section):

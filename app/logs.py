@@ -1,6 +1,10 @@
 """Process logging for `stepwatch serve`: text or JSON lines on stderr, and the Collector's sampling
 for the lines that come once per partition or per rejected request.
 
+A failing partition's line (logged with `extra={"failed": True}`) is the one an operator looks for,
+so it is not sampled: it passes a rate limit instead (a token bucket), and what the bucket refuses
+is counted (`suppressed_counts`, the stepwatch_partition_log_suppressed_total metric).
+
 Structured fields travel as `extra={"fields": {...}}`: JSON puts them at the top level of the
 object, text appends them as `key=value`. Sampling follows the OpenTelemetry Collector's logger
 (zap's sampler: per message and tick, the first `initial` records, then every `thereafter`-th).
@@ -26,8 +30,14 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def fields_of(record: logging.LogRecord) -> dict[str, Any]:
+    """The record's structured fields; a callable value is called here, when the line is written
+    (after sampling), so a field that costs something to build is built only for lines kept."""
     fields = getattr(record, "fields", None)
-    return fields if isinstance(fields, dict) else {}
+    if not isinstance(fields, dict):
+        return {}
+    if any(callable(value) for value in fields.values()):
+        return {key: value() if callable(value) else value for key, value in fields.items()}
+    return fields
 
 
 class TextFormatter(logging.Formatter):
@@ -76,20 +86,46 @@ class JsonFormatter(logging.Formatter):
 
 class LogSampler(logging.Filter):
     """zap's sampler: per (logger, message template) and tick, pass the first `initial` records,
-    then every `thereafter`-th; the rest are dropped and counted in `dropped`."""
+    then every `thereafter`-th; the rest are dropped and counted in `dropped`. A record flagged
+    `failed` skips the sampler and takes a token from a bucket of `failures_per_second` (holding
+    one second's worth) instead; without a token it is dropped and counted in `suppressed`."""
 
     def __init__(
-        self, tick: float, initial: int, thereafter: int, clock: Callable[[], float] = time.monotonic
+        self,
+        tick: float,
+        initial: int,
+        thereafter: int,
+        clock: Callable[[], float] = time.monotonic,
+        failures_per_second: float = 20.0,
     ) -> None:
         super().__init__()
         self._tick, self._initial, self._thereafter, self._clock = tick, initial, thereafter, clock
         self._counts: dict[tuple[str, str], tuple[float, int]] = {}
         self._lock = threading.Lock()  # scoring worker threads log too
         self.dropped = 0
+        self._rate = failures_per_second
+        self._tokens = max(1.0, failures_per_second)
+        self._refilled: float | None = None
+        self.suppressed = 0
+
+    def _take_token(self, now: float) -> bool:
+        """Token bucket for failure lines; called under the lock."""
+        capacity = max(1.0, self._rate)
+        if self._refilled is not None:
+            self._tokens = min(capacity, self._tokens + (now - self._refilled) * self._rate)
+        self._refilled = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        self.suppressed += 1
+        return False
 
     def filter(self, record: logging.LogRecord) -> bool:
         key = (record.name, str(record.msg))
         now = self._clock()
+        if getattr(record, "failed", False) is True:
+            with self._lock:
+                return self._take_token(now)
         with self._lock:
             start, count = self._counts.get(key, (now, 0))
             if now - start >= self._tick:
@@ -121,4 +157,25 @@ def configure(config: LoggingConfig, stream: Any = None) -> None:
         for old in [f for f in logger.filters if isinstance(f, LogSampler)]:
             logger.removeFilter(old)
         if sampling.enabled:
-            logger.addFilter(LogSampler(sampling.tick, sampling.initial, sampling.thereafter))
+            logger.addFilter(
+                LogSampler(
+                    sampling.tick,
+                    sampling.initial,
+                    sampling.thereafter,
+                    failures_per_second=sampling.failures_per_second,
+                )
+            )
+
+
+PARTITION_LOGGER = "stepwatch.partitions"
+
+
+def suppressed_counts(logger_name: str = PARTITION_LOGGER) -> dict[str, int]:
+    """Lines of `logger_name` not logged so far, by why: `rate_limited` (failure lines over the
+    rate limit) and `sampled` (other lines the sampler dropped). Read at scrape time."""
+    counts = {"rate_limited": 0, "sampled": 0}
+    for sampler in logging.getLogger(logger_name).filters:
+        if isinstance(sampler, LogSampler):
+            counts["rate_limited"] += sampler.suppressed
+            counts["sampled"] += sampler.dropped
+    return counts

@@ -42,6 +42,7 @@ from stepwatch.exporters.private_sink import PrivateSink
 from stepwatch.exporters.prometheus import PrometheusExporter
 from stepwatch.exporters.score_streams import ROOT_SPAN_ATTRIBUTE, build_score_streams
 from stepwatch.exporters.telemetry import MetricsServer, Telemetry
+from stepwatch.logs import suppressed_counts as log_suppressed_counts
 from stepwatch.receiver.codec import spancore
 from stepwatch.receiver.codec.origin import OriginCache
 from stepwatch.receiver.codec.records import ObservedReader, decode_limited
@@ -167,7 +168,15 @@ class Service:
             is_registered=lambda key: self.tenant_expectations.registered_anywhere(key),
         )
         self.streams = streams
-        self.debug = DebugPages(config.debug_pages)  # partition log + ring, rejection ring, /debug/*
+        # partition log + held partitions with details, rejection ring, /debug/*
+        self.debug = DebugPages(
+            config.debug_pages,
+            include_content=lambda tenant: self.policy.privacy(Tenant(tenant)).include_content,
+            tenancy=self.policy.enabled,
+            metrics=lambda: self.scorers.names,
+            expectations_source=lambda tenant: self.tenant_expectations.get(tenant).source or None,
+            registry=registry,
+        )
         sinks: list[ScoreExporter] = [self.prometheus, *streams, *exporters, *self.debug.exporters]
         self._expectation_followers = [
             cast(ExpectationsFollower, sink) for sink in sinks if capabilities_of(sink).follows_expectations
@@ -226,6 +235,7 @@ class Service:
         self.fanout = FanOutExporter(sinks, config.exporters.queue_size)
         self.telemetry.watch_ingest(self.buffer, self.backlog, lambda: dict(self.fanout.dropped))
         self.telemetry.watch_native(spancore.AVAILABLE, lambda: dict(spancore.FALLBACKS))
+        self.telemetry.watch_log_suppression(log_suppressed_counts)
         self.watcher: ExpectationsWatcher | None = None
         self.tenant_watchers: list[ExpectationsWatcher] = []
         if config.expectations.watch:
@@ -316,6 +326,7 @@ class Service:
                 max_pending_partitions=config.judge.max_pending_partitions,
                 records_decisions=self.decisions is not None,
                 tenant_attribute=self.policy.enabled,
+                step_spans=config.debug_pages.enabled,
             ),
             decode=lambda records, selection: decode_limited(
                 records, selection, self.limits, self.limit_meter, self._origins, scoring_reads

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
+from .explanation import Explanation
 from .model import construct
 
 
@@ -16,7 +17,7 @@ class ScoreResult(BaseModel):
     scorer decided not to score (`not_scored` says why, e.g. judge budget exhausted).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     metric: str = Field(description="The scorer's name as the specs give it, e.g. agent.step_accuracy.")
     score: float | None = None
@@ -27,6 +28,15 @@ class ScoreResult(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     error: str | None = Field(default=None, description="Why evaluation failed with no score.")
     not_scored: str | None = Field(default=None, description="Why the scorer deliberately skipped.")
+    structured: Explanation | None = Field(
+        default=None,
+        description="The structured explanation (evaluator/explanation.py), derived lazily; None for "
+        "metrics that have none.",
+    )
+
+    @field_serializer("structured")
+    def _structured_json(self, value: Explanation | None) -> dict[str, Any] | None:
+        return value.as_json() if value is not None else None
 
     @property
     def outcome(self) -> str:
@@ -60,6 +70,7 @@ def new_result(metric: str, **given: Any) -> ScoreResult:
         "metadata": {},
         "error": None,
         "not_scored": None,
+        "structured": None,
     }
     values.update(given)
     if len(values) != _RESULT_FIELD_COUNT:

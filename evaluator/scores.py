@@ -6,10 +6,64 @@ the same thing; exporters decide how it leaves the process.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
+from .model import Step
 from .results import ScoreResult
+
+
+class StepSpan(NamedTuple):
+    """A span that became an observed step, as the debug detail page shows it (execution order).
+
+    Times are relative to the partition's first span start, so a page needs no clock arithmetic;
+    `input`/`output` are step content, shown only where the tenant's privacy allows it."""
+
+    span_id: str | None
+    name: str
+    step_kind: str
+    """TOOL or AGENT (step-accuracy.txt rule 1)."""
+    span_kind: str | None
+    """The OTLP span kind (CLIENT, INTERNAL, ...); None when the span was not found."""
+    offset_ns: int | None
+    """Start minus the partition's earliest span start; None without timestamps."""
+    duration_ns: int | None
+    input: Any = None
+    output: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepSpans:
+    """The spans that became steps, kept at scoring time at the least cost (the observed steps
+    list the scorers already hold, and each step span's kind and end time) and laid out as
+    `StepSpan` rows only when a page reads them: every event is kept a while, few are read."""
+
+    steps: Sequence[Step]
+    found: tuple[tuple[str, int | None] | None, ...]
+    """Per step: its span's (kind, end time), None when the span was not found."""
+    first_start: int | None
+    """The partition's earliest span start."""
+
+    def rows(self) -> list[StepSpan]:
+        first = self.first_start
+        out = []
+        for step, found in zip(self.steps, self.found, strict=True):
+            start = step.start_time_unix_nano
+            end = found[1] if found is not None else None
+            out.append(
+                StepSpan(
+                    step.span_id,
+                    step.name,
+                    step.kind,
+                    found[0] if found is not None else None,
+                    start - first if start is not None and first is not None else None,
+                    end - start if end is not None and start is not None else None,
+                    step.input,
+                    step.output,
+                )
+            )
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,3 +93,6 @@ class PartitionScores:
     scored_spans: Mapping[bytes, bytes] = field(default_factory=dict, repr=False, compare=False)
     """Buffer key of each trace -> the span ids this revision scored (sorted, 8 bytes each): what
     the service records as decided once every exporter has handled the event. Exporters ignore it."""
+    step_spans: StepSpans | None = field(default=None, repr=False, compare=False)
+    """The spans that became steps: kept only when the engine is asked to (EngineSettings.step_spans,
+    for the debug pages' detail), else None."""

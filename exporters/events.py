@@ -18,6 +18,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_serializ
 
 from stepwatch import __version__
 from stepwatch.evaluator.content import strip_content
+from stepwatch.evaluator.explanation import ScoreExplanation
 from stepwatch.evaluator.model import Partition
 from stepwatch.evaluator.results import ScoreResult
 
@@ -60,6 +61,12 @@ class ScoreEvent(BaseModel):
     label: str | None = Field(default=None, description="The scorer's low-cardinality label, e.g. pass/fail.")
     outcome: Outcome = Field(description="pass, fail, error or not_scored (as the Prometheus outcome label).")
     explanation: str | None = Field(default=None, description="The scorer's free-text explanation.")
+    explanation_detail: ScoreExplanation | None = Field(
+        default=None,
+        description="The structured explanation (versioned on its own: `version`): alignment rows, "
+        "failed rules, judge verdicts and the one-line `reason`; null for metrics without one. "
+        "See docs/score-events.md.",
+    )
     details: dict[str, Any] = Field(
         default_factory=dict,
         description="The scorer's metadata; step `input`/`output` keys removed unless payloads are included.",
@@ -187,6 +194,7 @@ def make_score_event(
         label=result.label,
         outcome=outcome,
         explanation=result.explanation,
+        explanation_detail=result.structured.model() if result.structured is not None else None,
         details=_jsonable(details),
         error=error,
         not_scored=result.not_scored,

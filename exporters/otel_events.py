@@ -80,7 +80,9 @@ def event_attributes(event: ScoreEvent, max_explanation_chars: int) -> dict[str,
         "stepwatch.not_scored.reason": event.not_scored,
     }
     attributes.update({k: v for k, v in optional.items() if v is not None})
-    explanation = event.explanation or event.error
+    # the structured reason line (docs/score-events.md) when it names something; else the free text
+    detail = event.explanation_detail
+    explanation = (detail.reason if detail is not None else "") or event.explanation or event.error
     if explanation:
         attributes["gen_ai.evaluation.explanation"] = explanation[:max_explanation_chars]
     if event.error is not None:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from stepwatch.evaluator.explanation import LazyReasons
 from stepwatch.evaluator.scores import PartitionScores
 
 from .base import Capabilities
@@ -65,28 +66,103 @@ def summary(event: PartitionScores) -> RecentPartition:
     )
 
 
+def failing(event: PartitionScores) -> bool:
+    """Whether any metric failed or could not be scored for an error: what the failure rings keep."""
+    return any(result.outcome in FAILING for result in event.results)
+
+
+FAILING = frozenset({"fail", "error"})
+RINGS = ("recent", "failures")
+_Kept = collections.deque[tuple[int, PartitionScores]]
+
+
 class RecentPartitions:
-    """ScoreExporter: logs each revision and keeps the last `size` of them, newest last."""
+    """ScoreExporter: logs each revision and keeps two bounded sets of them, with their details
+    (results, metadata, step spans) for the debug pages:
+
+    - the last `size` revisions, whatever their outcome;
+    - per (tenant, task key), the last `failures_per_task_key` failing ones (`failing`), for at most
+      `failure_task_keys` keys (the key that failed least recently is dropped first), so a burst of
+      passes never pushes out the failure an operator is looking for.
+
+    An event in both is held once. Events are stored as they are (content included); the detail
+    page shows step content only where the tenant's privacy allows it (app/debug_detail.py), which
+    costs only the few events read, not every one. `held_counts`, `evicted` and
+    `failure_task_keys` are the pages' metrics (app/debug_pages.py)."""
 
     name = "recent_partitions"
     capabilities = Capabilities(carries_content=False)
 
-    def __init__(self, size: int = 200) -> None:
-        self._ring: collections.deque[PartitionScores] = collections.deque(maxlen=size)
-        """The events themselves (immutable): summarised only when a page is read."""
+    def __init__(self, size: int = 200, failures_per_task_key: int = 0, failure_task_keys: int = 1) -> None:
+        self._ring: collections.deque[tuple[int, PartitionScores]] = collections.deque(maxlen=size)
+        """(arrival number, event): the events themselves (immutable), summarised only when read."""
+        self._per_key = failures_per_task_key
+        self._max_keys = failure_task_keys
+        self._failures: collections.OrderedDict[tuple[str, str], _Kept] = collections.OrderedDict()
+        """(tenant, task key) -> its last failing events; least recently failing key first."""
+        self._seq = 0
+        self.evicted = dict.fromkeys(RINGS, 0)
+        """Events dropped from each set to make room (an event may still be held by the other)."""
 
     async def start(self) -> None:
         return None
 
     async def export(self, events: Sequence[PartitionScores]) -> None:
-        self._ring.extend(events)
+        self._hold(events)
         if log.isEnabledFor(logging.INFO):
             for event in events:
-                log.info("partition scored", extra={"fields": _fields(summary(event))})
+                fields = _fields(summary(event))
+                failed = failing(event)
+                if failed:  # issue 37: why, derived only if the line is written (stepwatch.logs)
+                    fields["reason"] = LazyReasons(event.results)
+                # a failing partition's line is rate-limited, never sampled away (stepwatch.logs)
+                log.info("partition scored", extra={"fields": fields, "failed": failed})
+
+    def _hold(self, events: Sequence[PartitionScores]) -> None:
+        ring = self._ring
+        for event in events:
+            self._seq += 1
+            entry = (self._seq, event)
+            if len(ring) == ring.maxlen:
+                self.evicted["recent"] += 1
+            ring.append(entry)
+            if self._per_key and failing(event):
+                self._hold_failure(entry)
+
+    def _hold_failure(self, entry: tuple[int, PartitionScores]) -> None:
+        event = entry[1]
+        key = (event.attributes.get("tenant", ""), event.task_key or "")
+        kept = self._failures.get(key)
+        if kept is None:
+            if len(self._failures) >= self._max_keys:
+                _, dropped = self._failures.popitem(last=False)
+                self.evicted["failures"] += len(dropped)
+            kept = self._failures[key] = collections.deque(maxlen=self._per_key)
+        else:
+            self._failures.move_to_end(key)
+        if len(kept) == kept.maxlen:
+            self.evicted["failures"] += 1
+        kept.append(entry)
+
+    def held(self) -> list[PartitionScores]:
+        """Every event held by either set, once, newest first (the exporter runs on the event loop,
+        as do the page handlers, so no lock)."""
+        entries = dict(self._ring)
+        for kept in self._failures.values():
+            entries.update(kept)
+        return [entries[seq] for seq in sorted(entries, reverse=True)]
+
+    def held_counts(self) -> dict[str, int]:
+        """Events held per set (`failures`: over all task keys), for the held gauge."""
+        return {"recent": len(self._ring), "failures": sum(len(kept) for kept in self._failures.values())}
+
+    def failure_task_keys(self) -> int:
+        """(tenant, task key) pairs whose failures are kept apart."""
+        return len(self._failures)
 
     def recent(self) -> list[RecentPartition]:
-        """Newest last (the exporter runs on the event loop, as do the page handlers)."""
-        return [summary(event) for event in self._ring]
+        """Summaries of the last `size` revisions, newest last."""
+        return [summary(event) for _, event in self._ring]
 
     async def shutdown(self) -> None:
         return None

@@ -49,6 +49,11 @@ class Telemetry:
         code, read at scrape time (a slower path, never a different result)."""
         self.registry.register(_NativeCollector(loaded, deferred))
 
+    def watch_log_suppression(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        """Expose the per-partition log lines not logged, by why (`rate_limited` failure lines,
+        `sampled` other lines), read at scrape time."""
+        self.registry.register(_LogSuppressionCollector(counts))
+
     def server(
         self,
         host: str,
@@ -235,6 +240,22 @@ class _NativeCollector(Collector):
         for function, count in sorted(self._deferred().items()):
             deferred.add_metric([function], count)
         yield deferred
+
+
+class _LogSuppressionCollector(Collector):
+    def __init__(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "stepwatch_partition_log_suppressed",
+            "Per-partition log lines not logged: `rate_limited`, failing partitions' lines over "
+            "logging.sampling.failures_per_second; `sampled`, other lines the sampler dropped.",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self._counts().items()):
+            family.add_metric([reason], count)
+        yield family
 
 
 def exposition_for(accept: str) -> tuple[Callable[[CollectorRegistry], bytes], str]:

@@ -71,7 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--explain",
         action="store_true",
-        help="show the alignment of expected vs observed steps per partition",
+        help="show the alignment of expected vs observed steps per partition (moved steps marked), "
+        "failed trajectory rules and each metric's reason",
     )
     parser.add_argument("--rules", metavar="FILE", help="trajectory rules YAML (the spec's `scorers:` form)")
     parser.add_argument(
@@ -201,6 +202,9 @@ def _result_json(result: Any) -> dict[str, Any]:
         out["error"] = result.error
     if result.not_scored is not None:
         out["not_scored"] = result.not_scored
+    if result.structured is not None:
+        # the same object serve's score events carry as `explanation_detail`
+        out["explanation_detail"] = result.structured.as_json()
     return out
 
 
@@ -829,32 +833,70 @@ def _score_inline(job: InlineJob, args: argparse.Namespace) -> Record:
 
 
 def _explain_lines(results: list[Any], steps: list[Any]) -> list[str]:
+    """`--explain`: the step-accuracy alignment (moved steps marked), its summary, the failed
+    trajectory rules and every other metric's reason line, all read from the structured
+    explanation each result carries (the one serve emits)."""
+    lines: list[str] = []
+    aligned = False
     for result in results:
-        if result.metric != SUMMARY_METRIC:
-            continue
-        if result.error is not None:
-            return [f"  step accuracy error: {result.error}"]
-        entries = result.metadata.get("steps") or []
-        rows = [("#", "op", "expected", "observed", "group")]
-        for number, entry in enumerate(entries, start=1):
-            group = entry.get("group")
-            rows.append(
-                (
-                    str(number),
-                    entry.get("op", ""),
-                    entry.get("expected") or "-",
-                    entry.get("actual") or "-",
-                    f"[{group}]" if group is not None else "",
-                )
+        structured = result.structured
+        if result.metric == SUMMARY_METRIC:
+            aligned = True
+            if result.error is not None:
+                lines.append(f"  step accuracy error: {result.error}")
+            elif structured is not None:
+                lines.extend(_alignment_lines(result, structured.parts()))
+        elif structured is not None and result.metric == "trajectory":
+            failed = structured.parts()["failed_rules"]
+            if failed:
+                lines.append("  failed rules (trajectory):")
+                for rule in failed:
+                    where = f" [step {rule['step_index']}" if rule["step_index"] is not None else ""
+                    if where and rule["span_id"]:
+                        where += f", span {rule['span_id']}"
+                    lines.append(f"    {rule['reason']}{where + ']' if where else ''}")
+        elif structured is not None and structured.reason:
+            lines.append(f"  {result.metric}: {structured.reason}")
+    if not aligned:
+        observed = ", ".join(step.name for step in steps) or "(none)"
+        lines.insert(0, f"  no expected steps resolved; observed steps: {observed}")
+    return lines
+
+
+def _alignment_lines(result: Any, parts: dict[str, Any]) -> list[str]:
+    """The alignment table, a move marked on both its rows (`moved ->N`: the expected step ran at
+    row N; `moved <-N`: the observed step was expected at row N), then the summary."""
+    rows = [("#", "op", "expected", "observed", "group", "moved")]
+    for number, row in enumerate(parts["alignment"], start=1):
+        group = row["group"]
+        marks = []
+        if row["moved_to"] is not None:
+            marks.append(f"->{row['moved_to'] + 1}")
+        if row["moved_from"] is not None:
+            marks.append(f"<-{row['moved_from'] + 1}")
+        rows.append(
+            (
+                str(number),
+                row["op"],
+                row["expected"] or "-",
+                row["observed"] or "-",
+                f"[{group}]" if group is not None else "",
+                " ".join(marks),
             )
-        lines = [f"  alignment ({result.metadata.get('scoring_method', '')}):"]
-        lines.extend("    " + line for line in _columns(rows))
-        ignored = result.metadata.get("ignored_steps")
-        if ignored:
-            lines.append(f"    ignored: {', '.join(ignored)}")
-        return lines
-    observed = ", ".join(step.name for step in steps) or "(none)"
-    return [f"  no expected steps resolved; observed steps: {observed}"]
+        )
+    lines = [f"  alignment ({result.metadata.get('scoring_method', '')}):"]
+    lines.extend("    " + line.rstrip() for line in _columns(rows))
+    summary = parts["summary"]
+    for label in ("missing", "moved", "extra"):
+        if summary[label]:
+            lines.append(f"    {label}: {', '.join(summary[label])}")
+    if summary["substituted"]:
+        pairs = ", ".join(f"{s['expected']} -> {s['observed']}" for s in summary["substituted"])
+        lines.append(f"    substituted: {pairs}")
+    ignored = result.metadata.get("ignored_steps")
+    if ignored:
+        lines.append(f"    ignored: {', '.join(ignored)}")
+    return lines
 
 
 def _emit_json(record: Record, out: TextIO) -> None:

@@ -23,8 +23,9 @@ remote judge gets K requests per trace (the Tokyo example: 4, not K × (N + 1) =
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
+from ..explanation import plan_explanation
 from ..judge.base import Answer, JudgeBatch, Question
 from ..judge.local import ABSTAIN_REASON, answer_accuracy, is_weak
 from ..judge.render import render_step
@@ -317,6 +318,7 @@ class PlanAdherenceScorer:
         p_any = [max(max(row, default=0.0), f) for row, f in zip(matrix, full, strict=True)]
 
         incorrect_plan_steps = []
+        verdicts: list[tuple[Literal["full", "partial", "missed"], str | None]] = [("full", None)] * len(plan)
         for i, text in enumerate(plan):
             if full[i] >= 0.5:
                 continue
@@ -324,9 +326,11 @@ class PlanAdherenceScorer:
                 best = max(range(len(steps)), key=lambda j: matrix[i][j])
                 reason = f"only partly carried out (best match: step {best} {_quote(steps[best])}, p(full) {full[i]:.2f})"
                 incorrect_plan_steps.append({"step": text, "status": "partial", "reason": reason})
+                verdicts[i] = ("partial", reason)
             else:
                 reason = f"no step carries it out (highest p {max(matrix[i], default=0.0):.2f})"
                 incorrect_plan_steps.append({"step": text, "status": "missed", "reason": reason})
+                verdicts[i] = ("missed", reason)
 
         actionable = processed.actionable
         on_plan = {j: max(matrix[i][j] for i in range(len(plan))) for j in actionable}
@@ -400,4 +404,7 @@ class PlanAdherenceScorer:
             label=f"{score:.0f}/100",
             explanation=explanation,
             metadata=metadata,
+            structured=plan_explanation(
+                METRIC, plan, verdicts, incorrect_span_indexes, out_of_order_steps, steps
+            ),
         )

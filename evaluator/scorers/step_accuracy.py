@@ -16,6 +16,7 @@ from ..expectations.expected_steps import (
     ScoringMethod,
     validate_expected_steps,
 )
+from ..explanation import StepAccuracyExplanation
 from ..model import Step
 from ..results import ScoreResult, new_result
 from .alignment import DEFAULT_MAX_CELLS, PYTHON_ROW_MAX, AlignedStep, AlignmentTooLarge, align, names_match
@@ -195,6 +196,7 @@ class StepAccuracyScorer:
                 metadata={"scoring_method": inp.scoring_method, "ignored_steps": ignored},
             )
         metadata["ignored_steps"] = ignored
+        strict = inp.scoring_method == "strict_position"
         return new_result(
             self.name,
             score=value,
@@ -202,6 +204,10 @@ class StepAccuracyScorer:
             threshold=threshold,
             explanation=_explain(metadata),
             metadata=metadata,
+            # references only: rows, moves and the reason are derived when a surface asks
+            structured=StepAccuracyExplanation(
+                self.name, metadata["steps"], kept, len(inp.expected_steps) if strict else None
+            ),
         )
 
 

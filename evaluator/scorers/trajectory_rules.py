@@ -17,6 +17,7 @@ from typing import Any
 
 from ..expectations.expectation import Expectation
 from ..expectations.rules import FieldMatcher, MaxSteps, MustCall, MustNotCall, Rule
+from ..explanation import RulesExplanation, tool_span_ids
 from ..limited import cut_note
 from ..model import normalise_tool_name
 from ..results import ScoreResult, new_result
@@ -32,6 +33,8 @@ class RuleOutcome:
     passed: bool
     reason: str | None = None
     """For a failure: names the rule and, where one exists, the offending step (index and tool)."""
+    step_index: int | None = None
+    """For a failure: the offending step's index (0-based, trajectory order), where one exists."""
 
     def as_metadata(self) -> dict[str, Any]:
         entry: dict[str, Any] = {"rule": describe_rule(self.rule), "passed": self.passed}
@@ -158,6 +161,7 @@ def _must_call(steps: Sequence[TrajectoryStep], rule: MustCall) -> RuleOutcome:
         start = anchor + 1
     target = normalise_tool_name(rule.must_call)
     first_miss: str | None = None
+    miss_index: int | None = None
     early: int | None = None
     for index, step in enumerate(steps):
         if normalise_tool_name(step.tool) != target:
@@ -170,14 +174,16 @@ def _must_call(steps: Sequence[TrajectoryStep], rule: MustCall) -> RuleOutcome:
             return RuleOutcome(rule, True)
         if first_miss is None:
             first_miss = f"{label}: {_step_label(index, step)} does not match: {mismatch}"
+            miss_index = index
     if first_miss is not None:
-        return RuleOutcome(rule, False, first_miss)
+        return RuleOutcome(rule, False, first_miss, miss_index)
     if early is not None:
         return RuleOutcome(
             rule,
             False,
             f"{label}: {_step_label(early, steps[early])} ran before the first {rule.after} "
             f"(step {start - 1}), and no call follows it",
+            early,
         )
     return RuleOutcome(rule, False, f"{label}: {rule.must_call} was never called")
 
@@ -201,7 +207,7 @@ def _must_not_call(steps: Sequence[TrajectoryStep], rule: MustNotCall) -> RuleOu
         reason += f" (before the first {rule.before} at step {end})"
     if len(violations) > 1:
         reason += f"; {len(violations) - 1} more at steps {', '.join(map(str, violations[1:]))}"
-    return RuleOutcome(rule, False, reason)
+    return RuleOutcome(rule, False, reason, first)
 
 
 def _max_steps(steps: Sequence[TrajectoryStep], rule: MaxSteps) -> RuleOutcome:
@@ -213,6 +219,7 @@ def _max_steps(steps: Sequence[TrajectoryStep], rule: MaxSteps) -> RuleOutcome:
         False,
         f"{_label(rule)}: the trajectory has {len(steps)} steps; "
         f"{_step_label(first, steps[first])} is the first over the limit",
+        first,
     )
 
 
@@ -252,10 +259,15 @@ class TrajectoryRulesScorer:
         outcomes = check_rules(inp.trajectory.steps, rules)
         held = sum(o.passed for o in outcomes)
         reasons = [o.reason for o in outcomes if o.reason is not None]
+        failed = [(_label(o.rule), o.reason, o.step_index) for o in outcomes if o.reason is not None]
+        steps = inp.trajectory.steps
         return new_result(
             self.name,
             score=held / len(outcomes) if outcomes else 1.0,
             passed=held == len(outcomes),
             explanation="; ".join(reasons) if reasons else f"all {len(outcomes)} rules hold",
             metadata={"rules": [o.as_metadata() for o in outcomes]},
+            structured=RulesExplanation(
+                self.name, failed, tool_span_ids(inp.steps, [s.tool for s in steps]) if failed else []
+            ),
         )

@@ -22,10 +22,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..explanation import trajectory_steps_explanation
 from ..judge.base import Answer, JudgeBatch, Question
 from ..judge.local import ABSTAIN_REASON, is_weak, undecided, verdict_confidence
 from ..judge.render import render_items, render_step
 from ..judge.runner import JudgeRunner
+from ..model import Step
 from ..results import ScoreResult
 from .base import ScoringInput
 
@@ -154,10 +156,12 @@ class TrajectoryStepsScorer:
         if isinstance(trajectory, str):
             return ScoreResult(metric=METRIC, error=trajectory)
         threshold = self._threshold(inp)
+        # the trajectory is the partition's own steps unless a dataset row gave one
+        own_steps = None if "trajectory" in inp.extras else inp.steps
         if not trajectory:
             none = [Answer(0.0, "lexical")] * len(expected)
             return self._result(
-                none, Answer(0.5, "lexical"), expected, trajectory, threshold, "empty trajectory"
+                none, Answer(0.5, "lexical"), expected, trajectory, threshold, "empty trajectory", own_steps
             )
         state: dict[str, Any] = {"trajectory": trajectory, "expected_trajectory": expected}
         task = inp.extras.get("input")
@@ -173,7 +177,7 @@ class TrajectoryStepsScorer:
         )
         if isinstance(answers, ScoreResult):
             return answers
-        return self._result(answers[:-1], answers[-1], expected, trajectory, threshold, None)
+        return self._result(answers[:-1], answers[-1], expected, trajectory, threshold, None, own_steps)
 
     def _result(
         self,
@@ -183,6 +187,7 @@ class TrajectoryStepsScorer:
         trajectory: list[str],
         threshold: float,
         note: str | None,
+        own_steps: list[Step] | None = None,
     ) -> ScoreResult:
         probabilities = [answer.p for answer in answers]
         p_order = order.p
@@ -203,7 +208,7 @@ class TrajectoryStepsScorer:
         ]
         passes = lambda ps: combine(ps, p_order) >= threshold  # noqa: E731
         if lexical and undecided(probabilities, passes):
-            return self._abstain(details, trajectory, threshold)
+            return self._abstain(details, trajectory, threshold, own_steps)
         missing = [row["step"] for row in details if not row["performed"]]
         performed_count = len(expected) - len(missing)
         explanation = f"{performed_count}/{len(expected)} steps · order {shown_percent(p_order)}% → score {shown(score)}"
@@ -242,9 +247,16 @@ class TrajectoryStepsScorer:
                 "judge": self.runner.judge.backend,
                 **self.runner.prompt_metadata(),
             },
+            structured=trajectory_steps_explanation(METRIC, details, p_order, trajectory, own_steps),
         )
 
-    def _abstain(self, details: list[dict[str, Any]], trajectory: list[str], threshold: float) -> ScoreResult:
+    def _abstain(
+        self,
+        details: list[dict[str, Any]],
+        trajectory: list[str],
+        threshold: float,
+        own_steps: list[Step] | None = None,
+    ) -> ScoreResult:
         """The local judge's weak answers decide pass or fail: no score rather than a guess near
         the threshold; the details say which steps it could not tell."""
         self.runner.governor.counters["abstained"] += 1
@@ -262,4 +274,7 @@ class TrajectoryStepsScorer:
                 "trajectory": trajectory,
                 "confidence": 0.0,
             },
+            structured=trajectory_steps_explanation(
+                METRIC, details, None, trajectory, own_steps, "undecided: " + ", ".join(weak)
+            ),
         )

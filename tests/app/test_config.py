@@ -65,6 +65,16 @@ def test_env_lists_and_nested_sections() -> None:
         ("buffer:\n  max_session_age: 5\n", {}, "max_session_age must be >= session_idle_timeout"),
         ("- a list\n", {}, "the top level must be a mapping"),
         ("buffer: [\n", {}, "not valid YAML (line"),
+        (
+            "debug_pages:\n  trace_url_template: http://tempo:3200/trace\n",
+            {},
+            "debug_pages.trace_url_template (from {path}): trace_url_template must contain {{trace_id}}",
+        ),
+        (
+            "",
+            {"STEPWATCH_DEBUG_PAGES__TRACE_URL_TEMPLATE": "javascript:{trace_id}"},
+            "must be an http:// or https:// URL",
+        ),
     ],
 )
 def test_errors_name_the_key_and_source(tmp_path, text: str, env: dict[str, str], message: str) -> None:

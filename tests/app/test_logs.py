@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -11,7 +12,12 @@ import pytest
 from serve_helpers import STEPWATCH, serve_env, start_serve
 
 from stepwatch.config import LoggingConfig
-from stepwatch.logs import JsonFormatter, LogSampler, TextFormatter, configure
+from stepwatch.evaluator.explanation import StepAccuracyExplanation
+from stepwatch.evaluator.model import Step
+from stepwatch.evaluator.results import ScoreResult
+from stepwatch.evaluator.scores import PartitionScores
+from stepwatch.exporters.recent_partitions import RecentPartitions
+from stepwatch.logs import JsonFormatter, LogSampler, TextFormatter, configure, suppressed_counts
 
 
 def record(msg: str = "partition scored", **fields: object) -> logging.LogRecord:
@@ -43,6 +49,61 @@ def test_the_sampler_passes_the_first_n_then_every_mth_per_message_and_tick() ->
     now[0] = 10.0  # a new tick starts from zero
     assert all(sampler.filter(record()) for _ in range(3)) and not sampler.filter(record())
     assert sampler.dropped == 14 + 1
+
+
+def test_failure_lines_are_rate_limited_not_sampled_and_counted() -> None:
+    now = [0.0]
+    sampler = LogSampler(tick=10, initial=1, thereafter=1000, clock=lambda: now[0], failures_per_second=2)
+
+    def failed() -> logging.LogRecord:
+        rec = record()
+        rec.failed = True
+        return rec
+
+    assert sampler.filter(record())  # the first pass uses up `initial`
+    # sampling would drop every failure line now; the bucket lets one second's worth through
+    assert [sampler.filter(failed()) for _ in range(5)] == [True, True, False, False, False]
+    assert sampler.suppressed == 3 and sampler.dropped == 0
+    assert not sampler.filter(record())  # passes are still sampled, and spend no token
+    now[0] = 0.5  # half a second refills one token
+    assert sampler.filter(failed()) and not sampler.filter(failed())
+    now[0] = 60.0  # never more than one second's worth after a quiet minute
+    assert [sampler.filter(failed()) for _ in range(3)] == [True, True, False]
+    assert sampler.suppressed == 5 and sampler.dropped == 1
+
+
+def test_a_failing_partitions_line_carries_its_reason_past_the_sampler() -> None:
+    """Issue 37: the per-partition line names why it failed, and failures are not sampled away."""
+    stream = io.StringIO()
+    configure(LoggingConfig(format="json", sampling={"initial": 1, "thereafter": 1000}), stream)
+    try:
+        observed = [Step("search_web", "TOOL", span_id="1" * 16)]
+        entries = [
+            {"op": "substitute", "expected": "check_budget", "actual": "search_web", "observed_index": 0}
+        ]
+        failing = ScoreResult(
+            metric="agent.step_accuracy",
+            score=0.0,
+            passed=False,
+            structured=StepAccuracyExplanation("agent.step_accuracy", entries, observed, None),
+        )
+        passing = ScoreResult(metric="trajectory.step_count", score=1.0)
+
+        def scores(i: int, results: tuple[ScoreResult, ...]) -> PartitionScores:
+            return PartitionScores(
+                "trace", f"{i:032x}", 0, "idle", "book", True, None, (f"{i:032x}",), 3, results
+            )
+
+        exporter = RecentPartitions()
+        asyncio.run(exporter.export([scores(i, (passing,)) for i in range(5)]))
+        asyncio.run(exporter.export([scores(100 + i, (failing, passing)) for i in range(5)]))
+        lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+        assert len(lines) == 1 + 5  # one pass, then every failure (within the rate limit)
+        assert "reason" not in lines[0]
+        assert lines[-1]["reason"] == {"agent.step_accuracy": "substituted: check_budget→search_web"}
+        assert suppressed_counts() == {"rate_limited": 0, "sampled": 4}
+    finally:
+        configure(LoggingConfig())
 
 
 def test_configure_applies_format_level_and_sampling() -> None:

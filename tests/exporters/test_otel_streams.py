@@ -19,11 +19,12 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
 from scorestream_helpers import build_score_event, eventually, make_event, make_partition
 from serve_helpers import free_port
 
-from stepwatch.evaluator.model import Partition, Span
+from stepwatch.evaluator.explanation import StepAccuracyExplanation
+from stepwatch.evaluator.model import Partition, Span, Step
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.exporters.config import OtelEventsExporterConfig, OtelMetricsExporterConfig
 from stepwatch.exporters.events import ScoreEvent, ScoreEventExporter
-from stepwatch.exporters.otel_events import OtelEventsExporter
+from stepwatch.exporters.otel_events import OtelEventsExporter, event_attributes
 from stepwatch.exporters.otel_metrics import OtelMetricsExporter
 
 pytestmark = pytest.mark.slow
@@ -263,6 +264,40 @@ async def test_evaluation_events_are_parented_to_the_scored_trace_over_grpc(
     assert error["error.type"] == "_OTHER"
     assert error["gen_ai.evaluation.explanation"] == "judge timed out after 30s"
     assert [r.severity_text for r in records] == ["WARN", "INFO", "WARN", "ERROR"]
+
+
+def test_the_evaluation_event_explains_with_the_reason_line() -> None:
+    """Issue 37: `gen_ai.evaluation.explanation` is the structured reason when it names something,
+    else the scorer's free text."""
+    observed = [Step("search_web", "TOOL", span_id="1" * 16)]
+    entries = [
+        {"op": "substitute", "expected": "check_budget", "actual": "search_web", "observed_index": 0},
+    ]
+    failing = ScoreResult(
+        metric="agent.step_accuracy",
+        score=0.0,
+        passed=False,
+        explanation="0 of 1 expected steps matched",
+        structured=StepAccuracyExplanation("agent.step_accuracy", entries, observed, None),
+    )
+    event = make_event(0, 0, result=failing)
+    a = event_attributes(event, 4096)
+    assert a["gen_ai.evaluation.explanation"] == "substituted: check_budget→search_web"
+    assert event_attributes(event, 12)["gen_ai.evaluation.explanation"] == "substituted:"
+    clean = ScoreResult(
+        metric="agent.step_accuracy",
+        score=1.0,
+        passed=True,
+        explanation="1 of 1 expected steps matched",
+        structured=StepAccuracyExplanation(
+            "agent.step_accuracy",
+            [{"op": "match", "expected": "search_web", "actual": "search_web", "observed_index": 0}],
+            observed,
+            None,
+        ),
+    )
+    attributes = event_attributes(make_event(1, 0, result=clean), 4096)
+    assert attributes["gen_ai.evaluation.explanation"] == "1 of 1 expected steps matched"
 
 
 async def test_session_event_uses_first_trace_root_and_conversation_id_over_http(

@@ -14,7 +14,8 @@ from scorestream_helpers import build_score_event, make_event, make_partition
 
 from stepwatch import __version__
 from stepwatch.evaluator.expectations.expectation import Expectation
-from stepwatch.evaluator.model import Span
+from stepwatch.evaluator.explanation import StepAccuracyExplanation
+from stepwatch.evaluator.model import Span, Step
 from stepwatch.evaluator.partitioning import build_partition
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.exporters.config import KafkaExporterConfig, SpoolConfig
@@ -40,6 +41,8 @@ FIELDS = [
     "passed",
     "threshold",
     "label",
+    "explanation",
+    "explanation_detail",
     "details",
     "close_reason",
     "revision",
@@ -158,6 +161,41 @@ def test_json_schema_documents_and_validates_the_wire_form() -> None:
     assert set(FIELDS) <= set(schema["required"])  # every field is always present, null or not
     assert all(prop.get("description") for prop in schema["properties"].values())
     assert schema["additionalProperties"] is False
+
+
+def test_the_structured_explanation_travels_whole_and_validates_against_the_schema() -> None:
+    """Issue 37: the Kafka event carries the whole explanation, in its own versioned model."""
+    import jsonschema
+
+    observed = [Step("b", "TOOL", span_id="1" * 16), Step("a", "TOOL", span_id="2" * 16)]
+    entries = [
+        {"op": "delete", "expected": "a", "actual": None, "observed_index": None},
+        {"op": "match", "expected": "b", "actual": "b", "observed_index": 0},
+        {"op": "insert", "expected": None, "actual": "a", "observed_index": 1},
+    ]
+    structured = StepAccuracyExplanation("agent.step_accuracy", entries, observed, None)
+    result = ScoreResult(metric="agent.step_accuracy", score=0.33, passed=False, structured=structured)
+    event = build(result)
+    wire = json.loads(event.to_json_bytes())
+    detail = wire["explanation_detail"]
+    assert detail == structured.as_json()
+    assert detail["version"] == 1 and detail["reason"] == "moved: a"
+    assert detail["alignment"][2] == {
+        "op": "insert",
+        "expected": None,
+        "observed": "a",
+        "observed_index": 1,
+        "span_id": "2" * 16,
+        "group": None,
+        "moved_to": None,
+        "moved_from": 0,
+    }
+    assert ScoreEvent.model_validate_json(event.to_json_bytes()) == event
+    jsonschema.validate(wire, score_event_json_schema())
+    # a metric without one carries null, still present on the wire
+    plain = json.loads(build(ScoreResult(metric="trajectory.step_count", score=3.0)).to_json_bytes())
+    assert plain["explanation_detail"] is None
+    jsonschema.validate(plain, score_event_json_schema())
 
 
 def test_kafka_config_rules() -> None:

@@ -107,3 +107,19 @@ async def test_every_other_scraper_gets_the_classic_text_unchanged(
     assert content_type == CONTENT_TYPE_LATEST
     assert body == generate_latest(exporter.registry)  # the same bytes as before negotiation
     assert TRACE not in body.decode()
+
+
+def test_suppressed_partition_log_lines_are_a_counter_by_reason() -> None:
+    from stepwatch.exporters.telemetry import Telemetry
+
+    counts = {"rate_limited": 3, "sampled": 40}
+    telemetry = Telemetry()
+    telemetry.watch_log_suppression(lambda: counts)
+    text = generate_latest(telemetry.registry).decode()
+    assert 'stepwatch_partition_log_suppressed_total{reason="rate_limited"} 3.0' in text
+    assert 'stepwatch_partition_log_suppressed_total{reason="sampled"} 40.0' in text
+    counts["rate_limited"] = 5  # read at scrape time
+    assert (
+        'stepwatch_partition_log_suppressed_total{reason="rate_limited"} 5.0'
+        in generate_latest(telemetry.registry).decode()
+    )

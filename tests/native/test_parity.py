@@ -23,8 +23,11 @@ from stepwatch.evaluator.clock import ManualClock
 from stepwatch.evaluator.expectations.expectation import Expectation
 from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES, partition_traces
 from stepwatch.evaluator.pipeline import score_partition, scoring_attributes
+from stepwatch.evaluator.scorers.base import ScoringInput
 from stepwatch.evaluator.scorers.registry import default_scorers
+from stepwatch.evaluator.scorers.step_accuracy import StepAccuracyScorer
 from stepwatch.evaluator.steps import extract_steps
+from stepwatch.evaluator.trajectory import Trajectory
 from stepwatch.receiver.codec import spancore
 from stepwatch.receiver.codec.otlp_selective import decode_selected
 from stepwatch.receiver.codec.records import decode_limited, span_limits
@@ -283,3 +286,36 @@ def test_limits_keep_what_scoring_reads_the_same_native_and_python(tmp_path: Pat
         assert session["agent.step_accuracy"]["metadata"]["actual_steps"] == ["issue_refund", "call_1"]
         assert session["agent.step_accuracy"]["score"] == 1.0
         assert session["trajectory.total_tokens"]["score"] == 2400
+
+
+@pytest.mark.parametrize("path", CORPUS_FILES, ids=lambda p: p.stem)
+def test_explanations_are_identical_native_and_python(path: Path) -> None:
+    """Issue 37: the structured explanation (rows, span ids, moves, reason) is derived from the
+    alignment entries, which serve takes from the native core (service._native_scorer_entries):
+    both paths give the same one, on expectations that move a step."""
+    records = _records(path.read_bytes())[0]
+    selection = scoring_attributes(DEFAULT_TASK_KEY_ATTRIBUTES)
+    native_entries = spancore.bare_entries()
+    assert native_entries is not None
+
+    def explained(entries_of: Any) -> list[Any]:
+        spans = decode_limited(records, selection, LimitsConfig(), LimitCounters())
+        out = []
+        for partition in partition_traces(spans):
+            steps = extract_steps(partition)
+            names = [s.name for s in steps]
+            # rotated by one: the first step becomes a move; plus one never performed
+            expected = [*names[1:], *names[:1], "check_budget"]
+            inp = ScoringInput(partition, steps, Trajectory(), Expectation(expected_steps=expected), expected)
+            result = StepAccuracyScorer(entries_of).score(inp)
+            assert result.structured is not None
+            out.append(result.structured.as_json())
+        return out
+
+    before = spancore.FALLBACKS["bare_entries"]
+    native = explained(native_entries)
+    assert spancore.FALLBACKS["bare_entries"] == before, "the native alignment fell back"
+    assert explained(None) == native
+    assert all("check_budget" in e["summary"]["missing"] for e in native)
+    distinct = max(len({r["observed"] for r in e["alignment"] if r["observed"]}) for e in native)
+    assert any(e["summary"]["moved"] for e in native) or distinct < 2  # two names rotate into a move

@@ -97,6 +97,38 @@ def test_explain_marks_groups() -> None:
     assert len(group_lines) == 3 and all("match" in line for line in group_lines)
 
 
+def test_explain_marks_moved_steps_and_prints_failed_rules(tmp_path: Path) -> None:
+    """Issue 37: a step run out of order is one move, not two edits, and failed rules are named."""
+    flight = (
+        CORPUS / "pai_flight_booking_sequential.json"
+    )  # search_flights, check_seat_availability, book_flight
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("scorers:\n  - type: trajectory\n    rules:\n      - max_steps: 2\n")
+    expected = '["check_budget", "book_flight", "search_flights", "check_seat_availability"]'
+    args = ["score", str(flight), "--expected-steps", expected, "--rules", str(rules)]
+    proc = run(*args, "--explain")
+    assert proc.returncode == 0, proc.stderr
+    lines = [line.strip() for line in proc.stdout.splitlines()]
+    table = [line.split() for line in lines if line[:1].isdigit() and len(line.split()) >= 3]
+    assert ["2", "delete", "book_flight", "-", "->5"] in table
+    assert ["5", "insert", "-", "book_flight", "<-2"] in table
+    assert "missing: check_budget" in lines and "moved: book_flight" in lines
+    assert "failed rules (trajectory):" in lines
+    (over,) = [line for line in lines if line.startswith("max_steps: 2:")]
+    assert "[step 2, span " in over
+
+    record = json.loads(run(*args, "--format", "json").stdout)
+    results = {r["metric"]: r for r in record["results"]}
+    detail = results["agent.step_accuracy"]["explanation_detail"]
+    assert detail["version"] == 1
+    assert detail["reason"] == "missing: check_budget; moved: book_flight"
+    assert detail["summary"]["moved"] == ["book_flight"]
+    assert all(row["span_id"] for row in detail["alignment"] if row["observed"] is not None)
+    (failed,) = results["trajectory"]["explanation_detail"]["failed_rules"]
+    assert failed["step_index"] == 2 and failed["span_id"] == detail["alignment"][4]["span_id"]
+    assert "explanation_detail" not in results["trajectory.step_count"]
+
+
 def test_rules_file_in_spec_form(tmp_path: Path) -> None:
     rules = tmp_path / "evals.yaml"
     rules.write_text(

@@ -55,9 +55,13 @@ async def get(port: int, path: str, token: str | None = None) -> tuple[int, str]
     return await asyncio.to_thread(fetch, port, path, token)
 
 
+async def status_of(port: int, path: str, token: str | None = None) -> int:
+    return (await get(port, path, token))[0]
+
+
 async def page(port: int, path: str) -> dict[str, Any]:
-    status, body = await get(port, f"{path}?format=json")
-    assert status == 200, body
+    code, body = await get(port, f"{path}{'&' if '?' in path else '?'}format=json")
+    assert code == 200, body
     return json.loads(body)
 
 
@@ -150,9 +154,124 @@ async def test_debug_pages_sit_behind_the_metrics_auth_and_can_be_turned_off(
     auth = {"metrics_auth": {"tokens_env": "TEST_METRICS_TOKENS"}}
     async with h.running(tmp_path, EXPECTATIONS, security=auth) as (service, _):
         port = service.metrics_server.port
-        for path in ("/debug/partitionz", "/debug/rejectionz", "/metrics"):
+        client = Client(service.grpc.port)
+        await client.send(request(*agent_trace(7, ["lookup_order"])))
+        await client.close()
+        detail = f"/debug/partitionz/trace/{(7).to_bytes(16, 'big').hex()}"
+        await h.eventually(lambda: status_of(port, detail, "s3cret"), 200, what="the detail page")
+        for path in ("/debug/", "/debug/partitionz", detail, "/debug/rejectionz", "/metrics"):
             assert (await get(port, path))[0] == 401, path
             assert (await get(port, path, token="s3cret"))[0] == 200, path
         assert (await get(port, "/healthz"))[0] == 200
     async with h.running(tmp_path, EXPECTATIONS, debug_pages={"enabled": False}) as (service, _):
         assert (await get(service.metrics_server.port, "/debug/partitionz"))[0] == 404
+
+
+TRAVEL = """
+tasks:
+  book-trip:
+    expected_steps: [search_flights, check_budget, book_hotel, book_flight, send_confirmation]
+    threshold: 0.8
+    rules:
+      - must_call: check_budget
+"""
+OFF_PLAN = ["search_flights", "book_flight", "book_hotel", "send_confirmation"]
+"""check_budget skipped, book_flight run before book_hotel: the issue's travel-booking run."""
+ON_PLAN = ["search_flights", "check_budget", "book_hotel", "book_flight", "send_confirmation"]
+TRACE_URL = "http://tempo.example:3200/trace/{trace_id}"
+
+
+async def test_an_off_plan_run_sent_with_the_otel_sdk_is_explained_on_its_detail_page(
+    tmp_path, h, agent
+) -> None:
+    """The real SDK's OTLP/gRPC exporter to a running service; the list filtered to failures finds
+    the run, its detail names the missing and the moved step, the failed rule and the spans, and
+    links the trace; the held-partition metrics count it."""
+    async with h.running(tmp_path, TRAVEL, debug_pages={"trace_url_template": TRACE_URL}) as (
+        service,
+        metrics,
+    ):
+        port = service.metrics_server.port
+        endpoint = f"127.0.0.1:{service.grpc.port}"
+        runs = [{"task_key": "book-trip", "steps": OFF_PLAN}, {"task_key": "book-trip", "steps": ON_PLAN}]
+        off, on = await asyncio.to_thread(agent.send, "grpc", endpoint, runs)
+        await rows_when(port, "/debug/partitionz", "partitions", 2, h)
+        failed = (await page(port, "/debug/partitionz?outcome=fail&task_key=book-trip"))["partitions"]
+        assert [row["partition_id"] for row in failed] == [off]
+        assert failed[0]["reasons"]["agent.step_accuracy"] == "missing: check_budget; moved: book_flight"
+        passed = await page(port, "/debug/partitionz?outcome=pass&metric=agent.step_accuracy")
+        assert [row["partition_id"] for row in passed["partitions"]] == [on]
+        detail = await page(port, failed[0]["detail"])
+        held = await metrics.get("stepwatch_debug_partitions_held", set="failures")
+    assert detail["summary"]["missing"] == ["check_budget"] and detail["summary"]["moved"] == ["book_flight"]
+    budget = [row for row in detail["alignment"] if row["expected"] == "check_budget"]
+    assert budget and all(row["moved_to"] is None for row in budget)
+    (rule,) = detail["failed_rules"]
+    assert "check_budget" in rule["reason"]
+    assert detail["traces"] == [{"trace_id": off, "url": TRACE_URL.replace("{trace_id}", off)}]
+    assert detail["expectation"]["version"] == service.expectations.get("book-trip").version
+    assert detail["expectation"]["source"] == str(tmp_path / "expectations.yaml")
+    steps = detail["steps"]
+    assert [s["name"] for s in steps] == OFF_PLAN and all(len(s["span_id"]) == 16 for s in steps)
+    assert all(s["offset_ms"] > 0 and s["duration_ms"] >= 0 for s in steps)
+    assert [s["offset_ms"] for s in steps] == sorted(s["offset_ms"] for s in steps)
+    assert "input" not in steps[0]  # privacy.include_content is off by default
+    assert held == 1.0
+
+
+def send_as(agent: Any, endpoint: str, token: str, steps: list[str]) -> str:
+    """One run through the real SDK's OTLP/gRPC exporter, authenticated as a tenant's sender."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider()
+    exporter = OTLPSpanExporter(
+        endpoint=endpoint, insecure=True, headers={"authorization": f"Bearer {token}"}
+    )
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    try:
+        return str(agent.run_task(provider.get_tracer("test"), "book-trip", steps))
+    finally:
+        provider.force_flush()
+        provider.shutdown()
+
+
+async def test_with_tenancy_each_tenants_privacy_applies_and_the_tenant_is_shown_and_filterable(
+    tmp_path, h, agent
+) -> None:
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text("team-a: [token-a-51d0]\nteam-b: [token-b-77c2]\n")
+    # a `with` rule reads step inputs, so they are decoded; only team-a lets them be shown
+    rules = '\n      - must_call: search_flights\n        with:\n          order_id: { equals: "A-1" }\n'
+    files = {}
+    for name in ("team-a", "team-b"):
+        files[name] = tmp_path / f"{name}.yaml"
+        files[name].write_text(TRAVEL.rstrip("\n") + rules)
+    security = {
+        "auth": {"tokens_file": str(tokens)},
+        "tenancy": {
+            "enabled": True,
+            "tenants": {
+                "team-a": {"expectations_file": str(files["team-a"]), "privacy": {"include_content": True}},
+                "team-b": {"expectations_file": str(files["team-b"])},
+            },
+        },
+    }
+    async with h.running(tmp_path, security=security) as (service, _metrics):
+        port = service.metrics_server.port
+        endpoint = f"127.0.0.1:{service.grpc.port}"
+        a = await asyncio.to_thread(send_as, agent, endpoint, "token-a-51d0", OFF_PLAN)
+        b = await asyncio.to_thread(send_as, agent, endpoint, "token-b-77c2", OFF_PLAN)
+        await rows_when(port, "/debug/partitionz", "partitions", 2, h)
+        only_b = (await page(port, "/debug/partitionz?tenant=team-b&outcome=fail"))["partitions"]
+        assert [(row["tenant"], row["partition_id"]) for row in only_b] == [("team-b", b)]
+        shown = await page(port, f"/debug/partitionz/trace/{a}?tenant=team-a")
+        withheld = await page(port, only_b[0]["detail"])
+        code, html_b = await get(port, only_b[0]["detail"])
+    assert shown["tenant"] == "team-a" and shown["content_shown"] is True
+    assert shown["steps"][0]["input"] == {"order_id": "A-1"} and shown["steps"][0]["output"] == "ok"
+    assert shown["expectation"]["source"] == str(files["team-a"])
+    assert withheld["tenant"] == "team-b" and withheld["content_shown"] is False
+    assert "input" not in withheld["steps"][0] and "A-1" not in json.dumps(withheld)
+    assert code == 200 and "team-b" in html_b and "A-1" not in html_b

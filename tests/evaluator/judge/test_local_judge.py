@@ -44,6 +44,11 @@ async def test_spec_refund_example_scores_two_of_three_with_notify_missing(make_
     assert result.metadata["p_order"] > 0.9
     assert result.score == pytest.approx(0.65, abs=0.01)
     assert result.label == "64% yes"  # 0.648: shown figures are truncated, as the spec shows them
+    # issue 37: the structured explanation carries the same verdicts
+    assert result.structured is not None
+    verdicts = result.structured.model().expected_steps or []
+    assert [v.performed for v in verdicts] == [True, True, False]
+    assert result.structured.reason == "missing: notify customer"
     assert result.passed is True and result.threshold == 0.5
     # the local judge's confidence: P(pass is right) with each answer right at its measured rate
     # (yes y, no n): both yes right (y²), or one of them wrong and the no wrong too (2·y·(1-y)·(1-n))
@@ -123,6 +128,7 @@ async def test_expected_trajectory_from_expected_steps_and_steps_from_the_partit
     result = await scorer.score(inp)
     assert result.metadata["trajectory"][0] == 'lookup_order {"order_id": 4471}'
     assert result.metadata["missing_steps"] == ["notify_customer"]
+    assert result.structured is not None and result.structured.reason == "missing: notify_customer"
 
 
 async def test_malformed_inline_fields_are_errors(make_inline):

@@ -119,6 +119,11 @@ async def test_off_plan_work_is_flagged_by_index(make_steps_input):
     assert [row["index"] for row in result.metadata["incorrect_span_indexes"]] == [2]
     assert "get_stock_price" in result.metadata["incorrect_span_indexes"][0]["reason"]
     assert result.score < 100
+    # issue 37: the structured explanation names the same off-plan step, by index
+    assert result.structured is not None
+    (off,) = result.structured.model().off_plan or []
+    assert off.index == 2 and "get_stock_price" in off.step
+    assert "off-plan: get_stock_price" in result.structured.reason
 
 
 async def test_missed_step_is_reported_and_fails(make_steps_input):
@@ -133,6 +138,10 @@ async def test_missed_step_is_reported_and_fails(make_steps_input):
         }
     ]
     assert result.passed is False
+    assert result.structured is not None
+    plan = result.structured.model().plan or []
+    assert [item.status for item in plan] == ["full"] * (len(plan) - 1) + ["missed"]
+    assert result.structured.reason == "missed: Email the itinerary"
 
 
 async def test_failure_conditions_give_an_error_and_no_score(

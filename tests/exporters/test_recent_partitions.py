@@ -1,0 +1,79 @@
+"""RecentPartitions' bounds: the last N revisions, and apart from them the last M failing ones per
+(tenant, task key) for a bounded number of keys, so passes never push a failure out; what is held
+and evicted is counted."""
+
+from __future__ import annotations
+
+from stepwatch.evaluator.results import ScoreResult
+from stepwatch.evaluator.scores import PartitionScores
+from stepwatch.exporters.recent_partitions import RecentPartitions, failing
+
+
+def event(no: int, outcome: str, task: str = "travel", tenant: str | None = None) -> PartitionScores:
+    result = {
+        "pass": ScoreResult(metric="agent.step_accuracy", score=1.0, passed=True),
+        "fail": ScoreResult(metric="agent.step_accuracy", score=0.2, passed=False),
+        "error": ScoreResult(metric="agent.step_accuracy", error="alignment too large"),
+        "not_scored": ScoreResult(metric="trajectory_steps", not_scored="budget"),
+    }[outcome]
+    return PartitionScores(
+        partition_type="trace",
+        partition_id=f"{no:032x}",
+        revision=0,
+        close_reason="idle",
+        task_key=task,
+        registered=True,
+        session_id=None,
+        trace_ids=(f"{no:032x}",),
+        span_count=3,
+        results=(result,),
+        attributes={"tenant": tenant} if tenant else {},
+    )
+
+
+def ids(ring: RecentPartitions) -> list[int]:
+    return [int(e.partition_id, 16) for e in ring.held()]
+
+
+def test_failing_means_a_metric_failed_or_errored() -> None:
+    assert failing(event(1, "fail")) and failing(event(1, "error"))
+    assert not failing(event(1, "pass")) and not failing(event(1, "not_scored"))
+
+
+async def test_a_burst_of_passes_never_pushes_out_a_failure() -> None:
+    ring = RecentPartitions(size=3, failures_per_task_key=2, failure_task_keys=10)
+    await ring.export([event(1, "fail"), *(event(n, "pass") for n in range(2, 12))])
+    assert ids(ring) == [11, 10, 9, 1]  # newest first, the failure kept apart
+    assert ring.held_counts() == {"recent": 3, "failures": 1}
+    assert ring.evicted == {"recent": 8, "failures": 0}
+
+
+async def test_failures_are_bounded_per_task_key_and_an_event_is_held_once() -> None:
+    ring = RecentPartitions(size=2, failures_per_task_key=2, failure_task_keys=10)
+    await ring.export([event(n, "fail") for n in range(1, 6)])
+    assert ids(ring) == [5, 4]  # in both sets, listed once
+    assert ring.held_counts() == {"recent": 2, "failures": 2}
+    assert ring.evicted == {"recent": 3, "failures": 3}
+
+
+async def test_the_key_that_failed_least_recently_is_dropped_first() -> None:
+    ring = RecentPartitions(size=1, failures_per_task_key=5, failure_task_keys=2)
+    await ring.export(
+        [event(1, "fail", "a"), event(2, "fail", "b"), event(3, "fail", "a"), event(4, "fail", "c")]
+    )
+    assert ids(ring) == [4, 3, 1]  # b (last failed at 2) gave way to c; a failed again at 3
+    assert ring.failure_task_keys() == 2 and ring.evicted["failures"] == 1
+
+
+async def test_tenants_keep_their_failures_apart() -> None:
+    ring = RecentPartitions(size=1, failures_per_task_key=1, failure_task_keys=10)
+    await ring.export(
+        [event(1, "fail", tenant="team-a"), event(2, "fail", tenant="team-b"), event(3, "pass")]
+    )
+    assert ids(ring) == [3, 2, 1] and ring.failure_task_keys() == 2
+
+
+async def test_no_failure_set_when_turned_off() -> None:
+    ring = RecentPartitions(size=2, failures_per_task_key=0)
+    await ring.export([event(1, "fail"), event(2, "pass"), event(3, "pass")])
+    assert ids(ring) == [3, 2] and ring.held_counts() == {"recent": 2, "failures": 0}
