@@ -153,8 +153,11 @@ class RecentPartitions:
         return [entries[seq] for seq in sorted(entries, reverse=True)]
 
     def held_counts(self) -> dict[str, int]:
-        """Events held per set (`failures`: over all task keys), for the held gauge."""
-        return {"recent": len(self._ring), "failures": sum(len(kept) for kept in self._failures.values())}
+        """Events held per set (`failures`: over all task keys), for the held gauge. Called from the
+        scrape's worker thread while the loop adds task keys: the values are copied in one C call
+        first (iterating the live view raised "dictionary changed size during iteration", a 500)."""
+        failures = tuple(self._failures.values())
+        return {"recent": len(self._ring), "failures": sum(len(kept) for kept in failures)}
 
     def failure_task_keys(self) -> int:
         """(tenant, task key) pairs whose failures are kept apart."""

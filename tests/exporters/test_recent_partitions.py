@@ -77,3 +77,36 @@ async def test_no_failure_set_when_turned_off() -> None:
     ring = RecentPartitions(size=2, failures_per_task_key=0)
     await ring.export([event(1, "fail"), event(2, "pass"), event(3, "pass")])
     assert ids(ring) == [3, 2] and ring.held_counts() == {"recent": 2, "failures": 0}
+
+
+async def test_the_held_gauge_is_read_from_the_scrape_thread_while_task_keys_are_added() -> None:
+    """/metrics collects in a worker thread while the loop adds failing task keys: reading the
+    counts must never see the dict change under it (a 500 on /metrics before the fix)."""
+    import sys
+    import threading
+
+    ring = RecentPartitions(size=5, failures_per_task_key=1, failure_task_keys=50)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def scrape() -> None:
+        while not stop.is_set():
+            try:
+                ring.held_counts()
+            except RuntimeError as exc:  # "dictionary changed size during iteration"
+                errors.append(exc)
+                return
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    thread = threading.Thread(target=scrape)
+    thread.start()
+    try:
+        for n in range(20_000):
+            await ring.export([event(n, "fail", task=f"task-{n % 200}")])
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(before)
+    assert errors == []
+    assert ring.held_counts()["failures"] == 50
