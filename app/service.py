@@ -318,7 +318,6 @@ class Service:
         self.engine = EvaluationEngine(
             self.buffer,
             self.scorers,
-            self.accounting,
             self.backlog,
             EngineSettings(
                 task_key_attributes=tuple(config.partitioning.task_key_attributes),

@@ -21,7 +21,6 @@ from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import Protocol
 
-from .accounting import SpanAccounting
 from .backlog import ScoringBacklog
 from .buffer import ClosedPartition, PartitionBuffer, SessionRoute, SpanRecord
 from .expectations.expectation import Expectation
@@ -153,7 +152,6 @@ class EvaluationEngine:
         self,
         buffer: PartitionBuffer,
         scorers: ScorerRegistry,
-        accounting: SpanAccounting,
         backlog: ScoringBacklog,
         settings: EngineSettings,
         *,
@@ -175,7 +173,6 @@ class EvaluationEngine:
         self._fields = partition_fields
         self._decode_observed = decode_observed
         self.scorers = scorers
-        self.accounting = accounting
         self.backlog = backlog
         self.settings = settings
         self._decode = decode

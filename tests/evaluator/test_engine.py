@@ -82,7 +82,6 @@ class _Rig:
         self.engine = EvaluationEngine(
             self.buffer,
             ScorerRegistry(entries),
-            self.accounting,
             ScoringBacklog(10_000, 0.1),
             EngineSettings(task_key_attributes=("aip.task.key",)),
             decode=lambda records, selection: decode_records(records),
@@ -242,7 +241,6 @@ async def test_inline_and_worker_threads_give_the_same_events(workers: int) -> N
     rig.engine = EvaluationEngine(
         rig.buffer,
         ScorerRegistry({"span_count": ScorerEntry(lambda e: _SpanCount())}),
-        rig.accounting,
         ScoringBacklog(10_000, 0.1),
         EngineSettings(task_key_attributes=("aip.task.key",), workers=workers),
         decode=lambda records, selection: decode_records(records),

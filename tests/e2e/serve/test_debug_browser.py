@@ -18,19 +18,10 @@ from typing import Any
 
 import pytest
 from shared_paths import REPO
+from travel_run import OFF_PLAN, ON_PLAN, TRAVEL_EXPECTATIONS
 
 pytestmark = pytest.mark.slow
 
-EXPECTATIONS = """
-tasks:
-  book-trip:
-    expected_steps: [search_flights, check_budget, book_hotel, book_flight, send_confirmation]
-    threshold: 0.8
-    rules:
-      - must_call: check_budget
-"""
-OFF_PLAN = ["search_flights", "book_flight", "book_hotel", "send_confirmation"]
-ON_PLAN = ["search_flights", "check_budget", "book_hotel", "book_flight", "send_confirmation"]
 TRACE_URL = "http://grafana.example:3000/explore?traceId={trace_id}"
 MISSING_RED = "rgba(251, 227, 227, 1)"
 """The stylesheet's colour of an expected step deleted (tr.op-delete td.expected)."""
@@ -62,7 +53,7 @@ def browser() -> Any:
 def walk(base: str, off_plan: str, screenshot: Path) -> dict[str, Any]:
     """In a thread (the service under test answers on the event loop): what the operator sees."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select
+    from selenium.webdriver.support.ui import Select, WebDriverWait
 
     driver = browser()
     try:
@@ -72,9 +63,12 @@ def walk(base: str, off_plan: str, screenshot: Path) -> dict[str, Any]:
         Select(form.find_element(By.NAME, "outcome")).select_by_value("fail")
         form.find_element(By.NAME, "task_key").send_keys("book-trip")
         form.find_element(By.TAG_NAME, "button").click()  # a plain GET form: no JavaScript needed
+        # click() returns before the new page has loaded: wait for the navigation it started
+        WebDriverWait(driver, 10).until(lambda d: "outcome=" in d.current_url)
         listed_url = driver.current_url
         links = [a.text for a in driver.find_elements(By.CSS_SELECTOR, "a.detail")]
         driver.find_element(By.LINK_TEXT, off_plan).click()
+        WebDriverWait(driver, 10).until(lambda d: off_plan in d.current_url)
         rows = driver.find_elements(By.CSS_SELECTOR, "table.alignment tr")[1:]
         cells = [
             {
@@ -109,7 +103,7 @@ async def test_an_operator_finds_the_missing_and_the_moved_step_in_a_browser(tmp
     tool("chromium")
     tool("chromedriver")
     pages = {"trace_url_template": TRACE_URL}
-    async with h.running(tmp_path, EXPECTATIONS, debug_pages=pages) as (service, _metrics):
+    async with h.running(tmp_path, TRAVEL_EXPECTATIONS, debug_pages=pages) as (service, _metrics):
         endpoint = f"127.0.0.1:{service.grpc.port}"
         runs = [{"task_key": "book-trip", "steps": OFF_PLAN}, {"task_key": "book-trip", "steps": ON_PLAN}]
         off, _on = await asyncio.to_thread(agent.send, "grpc", endpoint, runs)

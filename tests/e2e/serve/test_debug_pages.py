@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 import pytest
+from travel_run import OFF_PLAN, ON_PLAN, TRAVEL_EXPECTATIONS
 
 pytestmark = pytest.mark.slow
 
@@ -167,17 +168,6 @@ async def test_debug_pages_sit_behind_the_metrics_auth_and_can_be_turned_off(
         assert (await get(service.metrics_server.port, "/debug/partitionz"))[0] == 404
 
 
-TRAVEL = """
-tasks:
-  book-trip:
-    expected_steps: [search_flights, check_budget, book_hotel, book_flight, send_confirmation]
-    threshold: 0.8
-    rules:
-      - must_call: check_budget
-"""
-OFF_PLAN = ["search_flights", "book_flight", "book_hotel", "send_confirmation"]
-"""check_budget skipped, book_flight run before book_hotel: the issue's travel-booking run."""
-ON_PLAN = ["search_flights", "check_budget", "book_hotel", "book_flight", "send_confirmation"]
 TRACE_URL = "http://tempo.example:3200/trace/{trace_id}"
 
 
@@ -187,7 +177,7 @@ async def test_an_off_plan_run_sent_with_the_otel_sdk_is_explained_on_its_detail
     """The real SDK's OTLP/gRPC exporter to a running service; the list filtered to failures finds
     the run, its detail names the missing and the moved step, the failed rule and the spans, and
     links the trace; the held-partition metrics count it."""
-    async with h.running(tmp_path, TRAVEL, debug_pages={"trace_url_template": TRACE_URL}) as (
+    async with h.running(tmp_path, TRAVEL_EXPECTATIONS, debug_pages={"trace_url_template": TRACE_URL}) as (
         service,
         metrics,
     ):
@@ -247,7 +237,7 @@ async def test_with_tenancy_each_tenants_privacy_applies_and_the_tenant_is_shown
     files = {}
     for name in ("team-a", "team-b"):
         files[name] = tmp_path / f"{name}.yaml"
-        files[name].write_text(TRAVEL.rstrip("\n") + rules)
+        files[name].write_text(TRAVEL_EXPECTATIONS.rstrip("\n") + rules)
     security = {
         "auth": {"tokens_file": str(tokens)},
         "tenancy": {
