@@ -188,6 +188,13 @@ class PrometheusConfig(_Endpoint):
         description="Distinct task_key label values; registered keys beyond it, and every unregistered key, "
         "share `unregistered`.",
     )
+    max_steps_per_task: int = Field(
+        default=50,
+        ge=1,
+        description="Distinct step (and rule) label values per task key in stepwatch_expected_step_outcomes_total "
+        "and stepwatch_rule_failures_total; later ones share `other` (counted in "
+        "stepwatch_step_series_overflow_total).",
+    )
 
 
 class ExportersConfig(Section):

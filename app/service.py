@@ -128,6 +128,7 @@ class Service:
             tenant_label=self.policy.enabled,
             trace_idle_timeout=buffer_limits.trace_idle_timeout,
             session_idle_timeout=buffer_limits.session_idle_timeout,
+            max_steps_per_task=prom.max_steps_per_task,
             registry=registry,
         )
         self.limit_meter = PrometheusLimitMeter(registry)

@@ -30,6 +30,9 @@ REASON_MAX_CHARS: Final = 200
 """The reason line's bound: it goes into log lines and OTel attributes."""
 
 Op = Literal["match", "substitute", "insert", "delete"]
+StepOutcome = Literal["matched", "missing", "moved", "substituted"]
+"""What became of one expected step (StepAccuracyExplanation.expected_outcomes): each expected step
+that went wrong is in exactly one of StepSummary's lists, and `matched` otherwise."""
 
 
 class _Edge(BaseModel):
@@ -271,6 +274,29 @@ class StepAccuracyExplanation(Explanation):
         """missing / extra / moved / substituted, as plain values."""
         return self.parts()["summary"]  # type: ignore[no-any-return]
 
+    def expected_outcomes(self) -> list[tuple[str, StepOutcome]]:
+        """(expected step or group member, what became of it) for every expected step, in
+        alignment order: the per-step metric's observations. A perfect alignment is read straight
+        off the entries; any other derives the rows (cached, so the other surfaces reuse them)."""
+        entries = self._entries
+        if all(entry["op"] == "match" for entry in entries):
+            return [(entry["expected"], "matched") for entry in entries]
+        outcomes: list[tuple[str, StepOutcome]] = []
+        for row in self.parts()["alignment"]:
+            op = row["op"]
+            expected = row["expected"]
+            if expected is None:  # an insert: no expected step
+                continue
+            if op == "match":
+                outcomes.append((expected, "matched"))
+            elif row["moved_to"] is not None:
+                outcomes.append((expected, "moved"))
+            elif op == "delete" or row["moved_from"] is not None:
+                outcomes.append((expected, "missing"))  # as _summarise: its partner ran elsewhere
+            else:
+                outcomes.append((expected, "substituted"))
+        return outcomes
+
 
 def _summarise(rows: list[dict[str, Any]], observed: Sequence[Step]) -> dict[str, Any]:
     """Pair each unmatched expected step (a delete's, or a substitute's expected side) with the
@@ -343,6 +369,10 @@ class RulesExplanation(Explanation):
             for rule, reason, index in self._failed
         ]
         return {"failed_rules": rules}, "; ".join(reason for _, reason, _ in self._failed)
+
+    def failed_rule_names(self) -> list[str]:
+        """Each failed rule as one line (`must_call: check_budget`), without deriving the rows."""
+        return [rule for rule, _, _ in self._failed]
 
 
 def tool_span_ids(steps: Sequence[Step], tools: Sequence[str]) -> list[str | None]:

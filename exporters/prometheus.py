@@ -29,6 +29,7 @@ from .series import (
     HistogramSeries,
     created_series_enabled,
 )
+from .step_outcomes import StepOutcomeMetrics
 from .task_keys import UNREGISTERED, TaskKeyCap
 
 GENERIC_LATENCY_BUCKETS: tuple[float, ...] = (
@@ -82,10 +83,13 @@ class PrometheusExporter:
         *,
         trace_idle_timeout: float = 2.0,
         session_idle_timeout: float = 30.0,
+        max_steps_per_task: int = 50,
         registry: CollectorRegistry | None = None,
     ) -> None:
         """`tenant_label`: score metrics also carry `tenant` (from the event's attributes); only
         when tenancy is on, so single-tenant dashboards and rules keep their label set.
+        `max_steps_per_task`: step (rule) label values per task key in the per-step families
+        (step_outcomes.py).
         `trace_idle_timeout`, `session_idle_timeout`: the buffer's, so the latency histogram has
         fine buckets where partitions are scored (latency_buckets)."""
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -144,6 +148,7 @@ class PrometheusExporter:
         self.expectations_valid.set(1)
         for result in ("ok", "error"):
             self.reloads.labels(result)
+        self.steps = StepOutcomeMetrics(max_steps_per_task, tenant_label, created, self.registry)
 
     def task_label(self, task_key: str | None) -> str:
         """The bounded label value for a task key (task_keys.TaskKeyCap)."""
@@ -179,6 +184,7 @@ class PrometheusExporter:
                 self.histograms[family.name].remove(*key)
             else:
                 self.histograms[family.name].remove(*key[1:])
+        self.steps.forget(gone_labels)
         return sorted(gone)
 
     async def start(self) -> None:
@@ -216,6 +222,8 @@ class PrometheusExporter:
                             histogram.observe(value)
                         else:
                             histogram.observe_exemplar(value, exemplar)
+            if task != UNREGISTERED:  # a registered key within the cap: which steps went wrong
+                self.steps.count(task, tenant, event.results)
             if event.last_span_monotonic:
                 self.score_latency.observe(max(0.0, now - event.last_span_monotonic))
 

@@ -19,7 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from grafana_foundation_sdk.builders import bargauge, dashboard, prometheus, stat, table, timeseries
-from grafana_foundation_sdk.builders.common import StackingConfig, VizLegendOptions
+from grafana_foundation_sdk.builders.common import (
+    ReduceDataOptions,
+    StackingConfig,
+    TableSortByFieldState,
+    VizLegendOptions,
+)
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as dm
@@ -34,11 +39,20 @@ DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 # families of their own (docs/metrics.md), shown in the "Trajectory statistics" row.
 SCORE_SEL = 'task_key=~"$task_key", metric=~"$metric"'
 TASK_SEL = 'task_key=~"$task_key"'
+# Expected steps of registered task keys by outcome (docs/metrics.md, "Which steps fail").
+STEP_OUTCOMES = "stepwatch_expected_step_outcomes_total"
+STEP_OUTCOME_VALUES = ("matched", "missing", "moved", "substituted")
 
 
-def _query(expr: str, legend: str, ref: str = "A", *, instant: bool = False) -> prometheus.Dataquery:
+def _query(
+    expr: str, legend: str, ref: str = "A", *, instant: bool = False, table: bool = True
+) -> prometheus.Dataquery:
+    """A range query, or an instant one (as a table unless `table=False`: a bar gauge wants one
+    series per bar)."""
     q = prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(ref).datasource(DATASOURCE)
-    return q.instant().format(PromQueryFormat.TABLE) if instant else q.range()
+    if not instant:
+        return q.range()
+    return q.instant().format(PromQueryFormat.TABLE) if table else q.instant()
 
 
 def _thresholds(*steps: tuple[float | None, str]) -> dashboard.ThresholdsConfig:
@@ -104,13 +118,23 @@ def _score_rows(board: dashboard.Dashboard) -> dashboard.Dashboard:
         _timeseries(
             "Score trend by task key and metric",
             "Average quality score (0-1; plan_adherence divided by 100) of the partitions scored in each interval: "
-            "rate of the ratio histogram's _sum over its _count.",
+            "rate of the ratio histogram's _sum over its _count; and the median from its buckets. The dots are "
+            "exemplars on the buckets: one recent run's score at its scoring time, with its trace_id and span_id. "
+            "With the data source's exemplar link set (docs/operations.md, From a score to its trace), a dot "
+            "opens that trace.",
             "percentunit",
             _query(
                 f"sum by (task_key, metric) (rate(stepwatch_evaluation_score_ratio_sum{{{SCORE_SEL}}}[$__rate_interval]))\n"
                 f"/\nsum by (task_key, metric) (rate(stepwatch_evaluation_score_ratio_count{{{SCORE_SEL}}}[$__rate_interval]))",
                 "{{task_key}} {{metric}}",
             ),
+            # Exemplars are attached to the _bucket lines only, so the target that shows them reads those.
+            _query(
+                "histogram_quantile(0.5, sum by (le, task_key, metric) "
+                f"(rate(stepwatch_evaluation_score_ratio_bucket{{{SCORE_SEL}}}[$__rate_interval])))",
+                "{{task_key}} {{metric}} median",
+                "B",
+            ).exemplar(True),
         )
     )
     board = board.with_panel(
@@ -191,6 +215,133 @@ def _score_rows(board: dashboard.Dashboard) -> dashboard.Dashboard:
         ).stacking(StackingConfig().mode(common.StackingMode.NORMAL))
     )
     return board
+
+
+def _top_bars(title: str, description: str, expr: str, legend: str) -> bargauge.Panel:
+    """A horizontal bar per series of an instant topk() query, largest first."""
+    return (
+        bargauge.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .height(8)
+        .span(12)
+        .unit("short")
+        .decimals(0)
+        .min(0)
+        .orientation(common.VizOrientation.HORIZONTAL)
+        .display_mode(common.BarGaugeDisplayMode.GRADIENT)
+        .reduce_options(ReduceDataOptions().values(False).calcs(["lastNotNull"]))
+        .thresholds(_thresholds((None, "orange")))
+        .with_target(_query(expr, legend, instant=True, table=False))
+    )
+
+
+def _outcome_share(outcome: str) -> str:
+    """Share of one outcome among a step's outcomes over the range; 0 (not absent) for a step that
+    never had it, as the counter of an outcome exists only once it happened."""
+    by = "sum by (task_key, step)"
+    selected = f"{STEP_OUTCOMES}{{{TASK_SEL}}}[$__range]"
+    return (
+        f'(\n  {by} (increase({STEP_OUTCOMES}{{{TASK_SEL}, outcome="{outcome}"}}[$__range]))\n'
+        f"  or on (task_key, step)\n  0 * {by} (increase({selected}))\n)\n"
+        f"/ on (task_key, step)\n{by} (increase({selected}))"
+    )
+
+
+def _step_rows(board: dashboard.Dashboard) -> dashboard.Dashboard:
+    """Which expected steps and rules fail, per registered task key (issue 37 item 5)."""
+    board = board.with_row(dashboard.Row("Most-missed steps"))
+    board = board.with_panel(
+        _top_bars(
+            "Most-missed expected steps",
+            "The ten expected steps never performed most often over the dashboard's time range "
+            '(stepwatch_expected_step_outcomes_total{outcome="missing"}), registered task keys only. '
+            'step="other" holds the steps past exporters.prometheus.max_steps_per_task.',
+            f'topk(10, sum by (task_key, step) (increase({STEP_OUTCOMES}{{{TASK_SEL}, outcome="missing"}}[$__range])) > 0)',
+            "{{task_key}}: {{step}}",
+        )
+    )
+    board = board.with_panel(
+        _top_bars(
+            "Most-failed trajectory rules",
+            "The ten trajectory rules that failed most often over the dashboard's time range "
+            "(stepwatch_rule_failures_total), registered task keys only.",
+            f"topk(10, sum by (task_key, rule) (increase(stepwatch_rule_failures_total{{{TASK_SEL}}}[$__range])) > 0)",
+            "{{task_key}}: {{rule}}",
+        )
+    )
+    shares = table.Panel()
+    for ref, outcome in zip("ABCD", STEP_OUTCOME_VALUES, strict=True):
+        shares = shares.with_target(_query(_outcome_share(outcome), "", ref, instant=True))
+    shares = shares.with_target(
+        _query(
+            f"sum by (task_key, step) (increase({STEP_OUTCOMES}{{{TASK_SEL}}}[$__range]))",
+            "",
+            "E",
+            instant=True,
+        )
+    )
+    rename = {
+        f"Value #{ref}": name for ref, name in zip("ABCDE", (*STEP_OUTCOME_VALUES, "outcomes"), strict=True)
+    }
+    board = board.with_panel(
+        shares.title("Step outcome shares")
+        .description(
+            "Per expected step of the selected task keys, over the dashboard's time range: the share of its "
+            "outcomes that matched, were missing (never performed), moved (performed out of order) or were "
+            "substituted (another step ran in its place), and how many outcomes that is (one per run and "
+            "occurrence in expected_steps). Most missed first."
+        )
+        .datasource(DATASOURCE)
+        .height(10)
+        .span(18)
+        .unit("percentunit")
+        .decimals(1)
+        .with_transformation(dm.DataTransformerConfig(id_val="merge", options={}))
+        .with_transformation(
+            dm.DataTransformerConfig(
+                id_val="organize",
+                options={
+                    "excludeByName": {"Time": True},
+                    "indexByName": {name: i for i, name in enumerate(("task_key", "step", *rename.values()))},
+                    "renameByName": rename,
+                },
+            )
+        )
+        .override_by_name(
+            "outcomes",
+            [
+                dm.DynamicConfigValue(id_val="unit", value="short"),
+                dm.DynamicConfigValue(id_val="decimals", value=0),
+            ],
+        )
+        .sort_by([TableSortByFieldState().display_name("missing").desc(True)])
+    )
+    return board.with_panel(
+        stat.Panel()
+        .title("Step series overflow in range")
+        .description(
+            'Observations counted under step="other" or rule="other" because their task key had used '
+            "exporters.prometheus.max_steps_per_task label values (stepwatch_step_series_overflow_total). "
+            "Above 0: raise the bound, or split the task key."
+        )
+        .datasource(DATASOURCE)
+        .height(10)
+        .span(6)
+        .unit("short")
+        .decimals(0)
+        .graph_mode(common.BigValueGraphMode.NONE)
+        .thresholds(_thresholds((None, "green"), (1, "yellow")))
+        .with_target(
+            _query(
+                "sum by (family) (increase(stepwatch_step_series_overflow_total[$__range]))",
+                "{{family}}",
+                instant=True,
+                table=False,
+            )
+        )
+    )
 
 
 def _quantiles(family: str, title: str, description: str, unit: str) -> timeseries.Panel:
@@ -383,7 +534,10 @@ def build() -> dict[str, Any]:
     board = (
         dashboard.Dashboard("Stepwatch")
         .uid(UID)
-        .description("Agent trajectory scores, ingest, buffering, judges and score streams of Stepwatch.")
+        .description(
+            "Agent trajectory scores, the steps and rules that fail, ingest, buffering, judges and score "
+            "streams of Stepwatch."
+        )
         .tags(["stepwatch", "agents", "opentelemetry"])
         .editable()
         .tooltip(dm.DashboardCursorSync.CROSSHAIR)
@@ -393,7 +547,7 @@ def build() -> dict[str, Any]:
     )
     for variable in _variables():
         board = board.with_variable(variable)
-    board = _stream_rows(_ingest_rows(_statistics_rows(_score_rows(board))))
+    board = _stream_rows(_ingest_rows(_statistics_rows(_step_rows(_score_rows(board)))))
     encoded: dict[str, Any] = json.loads(json.dumps(board.build(), cls=JSONEncoder))
     return encoded
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_support import DEPLOY, RULES, MetricSpec, metric_contract, require_tool, run
+from deploy_support import DEPLOY, RULES, MetricSpec, all_series_names, metric_contract, require_tool, run
 
 GENERATOR = DEPLOY / "grafana" / "generate.py"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "stepwatch.json"
@@ -26,6 +26,8 @@ _DEFAULT_LABEL_VALUES = {
     "backend": ("openai",),
     "partition": ("0",),
     "limit": ("spans_per_request",),
+    "step": ("check_budget",),
+    "rule": ("must_call: check_budget",),
 }
 # What Grafana substitutes for the dashboard's variables when "All" is selected.
 _GRAFANA_VARIABLES = {
@@ -72,6 +74,22 @@ def _expressions(board: dict[str, Any]) -> list[tuple[str, str]]:
             assert match, f"variable {variable['name']}: not a label_values() query: {variable['query']}"
             found.append((f"variable {variable['name']}", match.group(1)))
     return found
+
+
+def _row(board: dict[str, Any], title: str) -> list[dict[str, Any]]:
+    """The panels under one (expanded) row, up to the next row."""
+    panels: list[dict[str, Any]] = []
+    inside = False
+    for panel in board["panels"]:
+        if panel["type"] == "row":
+            if inside:
+                break
+            inside = panel["title"] == title
+            panels.extend(panel.get("panels", []) if inside else [])
+        elif inside:
+            panels.append(panel)
+    assert inside, f"no row {title!r}"
+    return panels
 
 
 def _substitute(expr: str) -> str:
@@ -208,6 +226,146 @@ def test_every_dashboard_expression_parses_and_returns_data(tmp_path: Path) -> N
     assert len(expressions) >= 20
     code, output = _evaluate(tmp_path, expressions)
     assert code == 0, "\n".join(f"{i}: {where}" for i, (where, _) in enumerate(expressions)) + "\n" + output
+
+
+def test_every_dashboard_expression_reads_only_documented_metrics() -> None:
+    """A misspelt name would leave a panel empty on every dashboard: each stepwatch_* series an
+    expression reads must be one docs/metrics.md exposes, and each recording rule one the shipped
+    rules record."""
+    known = all_series_names()
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    recorded = {rule["record"] for group in groups for rule in group["rules"] if "record" in rule}
+    for where, expr in _expressions(_dashboard()):
+        used = set(re.findall(r"(?<![:\w])(stepwatch_[a-z_]+)", expr))
+        rules = set(re.findall(r"\b([a-z_]+:[a-z0-9_]+:[a-z0-9_]+)\b", expr))
+        assert used or rules, f"{where}: reads no stepwatch_* series or recording rule: {expr}"
+        assert used <= known, f"{where}: undocumented metrics {sorted(used - known)}"
+        assert rules <= recorded, f"{where}: recording rules not in {RULES.name}: {sorted(rules - recorded)}"
+
+
+def test_score_trend_panel_shows_exemplars_from_the_ratio_buckets() -> None:
+    """Exemplars (trace_id, span_id) ride only on stepwatch_evaluation_score_ratio's _bucket lines
+    (docs/metrics.md), so the target with the toggle on must read those, or no dot ever shows."""
+    panels = {p["title"]: p for p in _panels(_dashboard())}
+    targets = panels["Score trend by task key and metric"]["targets"]
+    with_exemplars = [t for t in targets if t.get("exemplar")]
+    assert len(with_exemplars) == 1, targets
+    assert "stepwatch_evaluation_score_ratio_bucket{" in with_exemplars[0]["expr"]
+    assert 'task_key=~"$task_key"' in with_exemplars[0]["expr"]
+    # Anywhere else the toggle would query exemplars that do not exist.
+    for panel in _panels(_dashboard()):
+        for target in panel.get("targets", []):
+            if target.get("exemplar"):
+                assert "stepwatch_evaluation_score_ratio_bucket" in target["expr"], panel["title"]
+
+
+def test_most_missed_steps_row_has_its_panels_on_the_selected_task_keys() -> None:
+    panels = {p["title"]: p for p in _row(_dashboard(), "Most-missed steps")}
+    assert set(panels) == {
+        "Most-missed expected steps",
+        "Most-failed trajectory rules",
+        "Step outcome shares",
+        "Step series overflow in range",
+    }
+    for title in ("Most-missed expected steps", "Most-failed trajectory rules", "Step outcome shares"):
+        for target in panels[title]["targets"]:
+            assert 'task_key=~"$task_key"' in target["expr"], title
+            assert "[$__range]" in target["expr"], title  # over the dashboard's time range
+            assert target["instant"] is True, title
+    (missed,) = panels["Most-missed expected steps"]["targets"]
+    assert missed["expr"].startswith("topk(10, ")
+    assert 'outcome="missing"' in missed["expr"]
+    (rules,) = panels["Most-failed trajectory rules"]["targets"]
+    assert rules["expr"].startswith("topk(10, ") and "stepwatch_rule_failures_total" in rules["expr"]
+    shares = panels["Step outcome shares"]
+    for outcome in ("matched", "missing", "moved", "substituted"):
+        assert sum(f'outcome="{outcome}"' in t["expr"] for t in shares["targets"]) == 1, outcome
+    renamed = next(t for t in shares["transformations"] if t["id"] == "organize")["options"]["renameByName"]
+    assert sorted(renamed.values()) == ["matched", "missing", "moved", "outcomes", "substituted"]
+    assert shares["options"]["sortBy"] == [{"desc": True, "displayName": "missing"}]
+
+
+def _run_panel_queries(tmp_path: Path, series: list[dict[str, str]], checks: list[dict[str, Any]]) -> str:
+    """promtool test of dashboard expressions (variables as Grafana substitutes them for "All")
+    against the given series, one-minute samples, evaluated at _EVAL_AT with a 1h range."""
+    test_file = tmp_path / "panels.test.yml"
+    test_file.write_text(
+        yaml.safe_dump(
+            {
+                "evaluation_interval": "1m",
+                "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": checks}],
+            },
+            sort_keys=False,
+        )
+    )
+    result = run([require_tool("promtool"), "test", "rules", str(test_file)])
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def test_most_missed_steps_panels_rank_and_share_the_outcomes(tmp_path: Path) -> None:
+    """On known counters: the most-missed panel keeps the ten steps missed most, across task keys,
+    and leaves out the rest; the shares table, for the selected task key only, gives each outcome's
+    share, 0 for one that never happened (not a gap), and the outcome count; the rules panel lists
+    the failed rules."""
+    panels = {p["title"]: p for p in _row(_dashboard(), "Most-missed steps")}
+    per_minute = {  # (task key, step) -> outcome -> increments a minute
+        ("book-trip", "check_budget"): {"matched": 1, "missing": 3},
+        ("book-trip", "book_flight"): {"matched": 2, "moved": 1, "missing": 1},
+        ("book-trip", "book_hotel"): {"matched": 3, "substituted": 1},
+        **{("catalog", f"step_{i:02}"): {"matched": 1, "missing": 10 * i} for i in range(1, 13)},
+        ("catalog", "never_missed"): {"matched": 5},
+    }
+    series = [
+        _series(
+            "stepwatch_expected_step_outcomes_total",
+            {"task_key": task, "step": step, "outcome": outcome},
+            f"0+{inc}x{_SAMPLES}",
+        )
+        for (task, step), outcomes in per_minute.items()
+        for outcome, inc in outcomes.items()
+    ]
+    series += [
+        _series(
+            "stepwatch_rule_failures_total", {"task_key": "book-trip", "rule": rule}, f"0+{inc}x{_SAMPLES}"
+        )
+        for rule, inc in (("must_call: check_budget", 3), ("max_steps: 8", 1))
+    ]
+    (missed,) = panels["Most-missed expected steps"]["targets"]
+    (rules,) = panels["Most-failed trajectory rules"]["targets"]
+    checks: list[dict[str, Any]] = [
+        {
+            "expr": _substitute(missed["expr"]),
+            "eval_time": _EVAL_AT,
+            # catalog's step_12 ... step_03 (7200 ... 1800 in the hour); step_02 (1200), step_01
+            # (600), book-trip's check_budget (180) and book_flight (60) are past the ten.
+            "exp_samples": [
+                {"labels": f'{{task_key="catalog",step="step_{i:02}"}}', "value": 600 * i}
+                for i in range(3, 13)
+            ],
+        },
+        {
+            "expr": _substitute(rules["expr"]),
+            "eval_time": _EVAL_AT,
+            "exp_samples": [
+                {"labels": '{task_key="book-trip",rule="must_call: check_budget"}', "value": 180},
+                {"labels": '{task_key="book-trip",rule="max_steps: 8"}', "value": 60},
+            ],
+        },
+    ]
+    for target in panels["Step outcome shares"]["targets"]:
+        outcome = re.search(r'outcome="(\w+)"', target["expr"])
+        samples = []
+        for (task, step), outcomes in per_minute.items():
+            if task != "book-trip":
+                continue
+            total = sum(outcomes.values())
+            value = outcomes.get(outcome.group(1), 0) / total if outcome else total * 60
+            samples.append({"labels": f'{{task_key="{task}",step="{step}"}}', "value": value})
+        selected = target["expr"].replace("$task_key", "book-trip")  # one task key picked
+        checks.append({"expr": _substitute(selected), "eval_time": _EVAL_AT, "exp_samples": samples})
+    assert len(checks) == 2 + 5
+    _run_panel_queries(tmp_path, series, checks)
 
 
 @pytest.mark.parametrize(

@@ -115,3 +115,61 @@ def test_regression_unit_tests_fail_when_a_guard_is_removed(
     result = run([require_tool("promtool"), "test", "rules", str(test_file)])
     assert result.returncode != 0, f"unit tests still pass although {why}"
     assert "StepwatchTrajectoryRegression" in result.stdout + result.stderr
+
+
+STEPS_TEST = RULES.parent.parent / "tests" / "expected_steps.test.yml"
+
+
+def test_missing_step_unit_tests_cover_skipped_rare_sparse_and_overflow_steps() -> None:
+    text = STEPS_TEST.read_text()
+    for task_key, step in (
+        ("book-trip", "check_budget"),  # skipped often: fires
+        ("book-trip", "search_flights"),  # rarely skipped
+        ("rare-task", "verify_identity"),  # sparse task key
+        ("big-catalog", "other"),  # the pooled steps past max_steps_per_task
+    ):
+        assert f'task_key="{task_key}",step="{step}",outcome="missing"' in text, (task_key, step)
+
+
+@pytest.mark.parametrize(
+    ("original", "mutant", "why"),
+    [
+        (
+            "record: stepwatch:expected_step_min_outcomes_1h:default\n        expr: vector(30)",
+            "record: stepwatch:expected_step_min_outcomes_1h:default\n        expr: vector(1)",
+            "without the minimum the sparse task key pages",
+        ),
+        (
+            "record: stepwatch:expected_step_missing_ratio:default\n        expr: vector(0.25)",
+            "record: stepwatch:expected_step_missing_ratio:default\n        expr: vector(0.05)",
+            "with a low share the rarely skipped step pages",
+        ),
+        (
+            'ratio_rate1h{step!="other"}',
+            "ratio_rate1h",
+            "the pooled `other` steps page",
+        ),
+        (
+            "stepwatch:expected_step_min_outcomes_1h:default\n          )\n        for: 15m",
+            "stepwatch:expected_step_min_outcomes_1h:default\n          )\n        for: 0m",
+            "without `for` the alert fires the minute the share crosses the line",
+        ),
+    ],
+)
+def test_missing_step_unit_tests_fail_when_a_guard_is_removed(
+    tmp_path: Path, original: str, mutant: str, why: str
+) -> None:
+    """The unit tests of StepwatchExpectedStepMissing have teeth: weakening one of its guards makes
+    them fail."""
+    text = RULES.read_text()
+    assert text.count(original) == 1, original
+    rules_dir = tmp_path / "rules"
+    tests_dir = tmp_path / "tests"
+    rules_dir.mkdir()
+    tests_dir.mkdir()
+    (rules_dir / RULES.name).write_text(text.replace(original, mutant))
+    test_file = tests_dir / STEPS_TEST.name
+    test_file.write_text(STEPS_TEST.read_text())
+    result = run([require_tool("promtool"), "test", "rules", str(test_file)])
+    assert result.returncode != 0, f"unit tests still pass although {why}"
+    assert "StepwatchExpectedStepMissing" in result.stdout + result.stderr

@@ -11,13 +11,12 @@ import subprocess
 import sys
 import time
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import yaml
-from deploy_support import RULES, require_tool
+from deploy_support import RULES, http_get, query_exemplars, start_prometheus
 from processes import terminate
 
 pytestmark = pytest.mark.slow
@@ -42,16 +41,6 @@ def _free_ports(count: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
-
-
-def _get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-    except OSError:
-        return 0, b""
 
 
 def _wait(
@@ -82,7 +71,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """`stepwatch serve` on free ports, and Prometheus scraping it every second with the rules loaded
     and exemplar storage on (one stack for this module's tests)."""
     tmp_path = tmp_path_factory.mktemp("scrape")
-    prometheus_bin = require_tool("prometheus")
     grpc_port, http_port, metrics_port, prometheus_port = _free_ports(4)
     expectations = tmp_path / "expectations.yaml"
     expectations.write_text(EXPECTATIONS)
@@ -101,37 +89,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )  # fmt: skip
         procs.append(serve)
-        _wait(lambda: _get(f"http://127.0.0.1:{metrics_port}/readyz")[0] == 200, "stepwatch /readyz", procs)
-
-        config = tmp_path / "prometheus.yml"
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                    "rule_files": [str(RULES)],
-                    "scrape_configs": [
-                        {
-                            "job_name": "stepwatch",
-                            "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}],
-                        }
-                    ],
-                }
-            )
+        _wait(
+            lambda: http_get(f"http://127.0.0.1:{metrics_port}/readyz")[0] == 200, "stepwatch /readyz", procs
         )
-        prometheus = subprocess.Popen(
-            [
-                prometheus_bin,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{prometheus_port}",
-                "--enable-feature=exemplar-storage",
-                "--log.level=warn",
-            ],
-            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        procs.append(prometheus)
+
+        targets = [f"127.0.0.1:{metrics_port}"]
+        procs.append(start_prometheus(tmp_path, prometheus_port, targets, rule_files=[RULES]))
         base = f"http://127.0.0.1:{prometheus_port}"
-        _wait(lambda: _get(f"{base}/-/ready")[0] == 200, "prometheus /-/ready", procs)
+        _wait(lambda: http_get(f"{base}/-/ready")[0] == 200, "prometheus /-/ready", procs)
         yield {"grpc": f"127.0.0.1:{grpc_port}", "prometheus": base, "procs": procs}
     finally:
         for proc in reversed(procs):
@@ -139,7 +104,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 
 def _query(base: str, promql: str) -> list[dict[str, Any]]:
-    status, body = _get(f"{base}/api/v1/query?{urllib.parse.urlencode({'query': promql})}")
+    status, body = http_get(f"{base}/api/v1/query?{urllib.parse.urlencode({'query': promql})}")
     if status != 200:
         return []
     payload = json.loads(body)
@@ -209,18 +174,6 @@ def test_prometheus_scrapes_scores_of_traces_sent_with_the_otel_sdk(stack: dict[
     assert float(_query(base, 'up{job="stepwatch"}')[0]["value"][1]) == 1.0
 
 
-def _exemplars(base: str, promql: str) -> list[dict[str, Any]]:
-    """/api/v1/query_exemplars over the last ten minutes: each series with its exemplars."""
-    now = time.time()
-    query = urllib.parse.urlencode({"query": promql, "start": now - 600, "end": now + 60})
-    status, body = _get(f"{base}/api/v1/query_exemplars?{query}")
-    if status != 200:
-        return []
-    payload = json.loads(body)
-    assert payload["status"] == "success", payload
-    return [series for series in payload["data"] if series["exemplars"]]
-
-
 def test_prometheus_returns_the_scored_traces_id_as_an_exemplar(stack: dict[str, Any]) -> None:
     """Prometheus negotiates OpenMetrics, stores the exemplar of the score's bucket, and gives back
     the trace id and root span id of the trace that was scored, at its score."""
@@ -235,7 +188,7 @@ def test_prometheus_returns_the_scored_traces_id_as_an_exemplar(stack: dict[str,
     )
 
     def ours() -> list[dict[str, Any]]:
-        found = _exemplars(base, selector)
+        found = query_exemplars(base, selector)
         return [e for series in found for e in series["exemplars"] if e["labels"]["trace_id"] == trace_id]
 
     exemplars = _wait(ours, "the trace's exemplar in Prometheus", stack["procs"])
@@ -248,7 +201,7 @@ def test_the_shipped_rules_load_and_evaluate_in_prometheus(stack: dict[str, Any]
     base = stack["prometheus"]
 
     def groups() -> list[dict[str, Any]]:
-        status, body = _get(f"{base}/api/v1/rules")
+        status, body = http_get(f"{base}/api/v1/rules")
         if status != 200:
             return []
         found = json.loads(body)["data"]["groups"]

@@ -301,3 +301,29 @@ def test_reason_of_and_failure_reasons() -> None:
         "agent.step_accuracy": "moved: a",
         "trajectory": "boom",
     }
+
+
+def test_expected_outcomes_account_for_every_expected_step_as_the_summary_does() -> None:
+    """The per-step metric's observations: one per expected step, agreeing with the summary."""
+    cases = [
+        (steps("search_web", "book_flight", "book_hotel"), ["check_budget", "book_flight", "search_web"]),
+        (steps("b", "a"), ["a", "b"]),
+        (steps("a", "x", "c"), ["a", "b", "c"]),
+        (steps("c", "x", "a"), [["a", "b"], "c"]),
+        (steps("a", "b", "c"), ["a", "b", "c"]),
+    ]
+    for observed, expected in cases:
+        result = accuracy(observed, expected)
+        assert result.structured is not None
+        outcomes = result.structured.expected_outcomes()  # type: ignore[attr-defined]
+        summary = result.structured.summary  # type: ignore[attr-defined]
+        by_outcome = {o: [s for s, got in outcomes if got == o] for o in ("missing", "moved", "substituted")}
+        assert by_outcome["missing"] == summary["missing"]
+        assert by_outcome["moved"] == summary["moved"]
+        assert by_outcome["substituted"] == [s["expected"] for s in summary["substituted"]]
+        members = [m for e in expected for m in (e if isinstance(e, list) else [e])]
+        assert sorted(s for s, _ in outcomes) == sorted(members)
+    perfect = accuracy(steps("a", "b"), ["a", "b"])
+    assert perfect.structured is not None
+    assert perfect.structured.expected_outcomes() == [("a", "matched"), ("b", "matched")]  # type: ignore[attr-defined]
+    assert perfect.structured._parts is None  # a perfect run derives no rows

@@ -5,8 +5,6 @@ values docs/score-events.md documents, and the Collector's view matches Stepwatc
 
 from __future__ import annotations
 
-import base64
-import json
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -14,8 +12,7 @@ from typing import Any
 import pytest
 import shipped_configs
 from corpus_cases import merged_tasks, scenarios
-from google.protobuf import json_format
-from opentelemetry.proto.logs.v1.logs_pb2 import LogsData
+from file_exporter import log_records, read_output
 from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
 from otelcol import Collector
 from replicas import wait_for, write_config
@@ -27,46 +24,6 @@ pytestmark = pytest.mark.slow
 
 EVENT = "gen_ai.evaluation.result"
 SeriesKey = tuple[str, str, str]  # (metric, task_key, partition type)
-
-
-_HEX_IDS = frozenset({"traceId", "spanId", "parentSpanId"})
-
-
-def _otlp_json_ids(value: Any) -> Any:
-    """OTLP/JSON writes trace and span ids as hex; protobuf's JSON parser expects base64 bytes."""
-    if isinstance(value, dict):
-        return {
-            k: base64.b64encode(bytes.fromhex(v)).decode() if k in _HEX_IDS and v else _otlp_json_ids(v)
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [_otlp_json_ids(v) for v in value]
-    return value
-
-
-def _read(path: Path) -> tuple[list[Any], list[Any]]:
-    """(metric export requests, log export requests) the file exporter wrote, in order."""
-    metrics, logs = [], []
-    if not path.exists():
-        return metrics, logs
-    for line in path.read_text().splitlines():
-        doc = _otlp_json_ids(json.loads(line))
-        if "resourceMetrics" in doc:
-            metrics.append(json_format.ParseDict(doc, MetricsData()))
-        elif "resourceLogs" in doc:
-            logs.append(json_format.ParseDict(doc, LogsData()))
-    return metrics, logs
-
-
-def _records(logs: list[LogsData]) -> list[tuple[Any, dict[str, Any], dict[str, Any]]]:
-    """(log record, its attributes, its resource attributes) of every record received."""
-    return [
-        (rec, attributes(rec.attributes), attributes(rl.resource.attributes))
-        for data in logs
-        for rl in data.resource_logs
-        for sl in rl.scope_logs
-        for rec in sl.log_records
-    ]
 
 
 def _latest_points(metrics: list[MetricsData], name: str) -> dict[frozenset[tuple[str, Any]], Any]:
@@ -116,16 +73,19 @@ def test_score_metrics_and_events_reach_the_collector(otelcol_binary: Path, tmp_
             samples = parse_samples(metrics_text(serve.metrics))
             return sum(v for (n, _), v in samples.items() if n == "stepwatch_evaluations_total")
 
+        def records_now() -> list[tuple[Any, dict[str, Any], dict[str, Any]]]:
+            return log_records(read_output(out)[1])
+
         wait_for(
-            lambda: {r[1].get("stepwatch.partition.id") for r in _records(_read(out)[1])} >= want_partitions,
+            lambda: {r[1].get("stepwatch.partition.id") for r in records_now()} >= want_partitions,
             timeout=60,
             message="an event for every corpus partition",
         )
         expected_events = evaluations()
-        wait_for(lambda: len(_records(_read(out)[1])) >= expected_events, timeout=30, message="all events")
+        wait_for(lambda: len(records_now()) >= expected_events, timeout=30, message="all events")
 
         def counter_caught_up() -> bool:
-            points = _latest_points(_read(out)[0], "gen_ai.evaluation.results")
+            points = _latest_points(read_output(out)[0], "gen_ai.evaluation.results")
             return sum(p.as_int for p in points.values()) >= expected_events
 
         wait_for(counter_caught_up, timeout=30, message="the OTel counter counted every evaluation")
@@ -133,8 +93,8 @@ def test_score_metrics_and_events_reach_the_collector(otelcol_binary: Path, tmp_
     finally:
         serve.stop()
         collector.stop()
-    metrics, logs = _read(out)
-    records = _records(logs)
+    metrics, logs = read_output(out)
+    records = log_records(logs)
 
     # Events: documented name, attributes and values; parented to the scored trace's root span.
     assert len(records) == expected_events
