@@ -290,6 +290,18 @@ class DebugPagesConfig(Section):
         description="Most recent failing revisions (a metric failed or errored) kept per task key, "
         "besides max_partitions, so passes never push them out. 0: none kept apart.",
     )
+    admit_per_second: float = Field(
+        default=20.0,
+        ge=0,
+        description="Revisions the recent set takes a second at most (a token bucket); past it a sample "
+        "spread over time is kept and the rest counted in stepwatch_debug_partitions_skipped_total. "
+        "0: every revision (costs ~5% CPU at 10,000 spans/s).",
+    )
+    admit_failures_per_second: float = Field(
+        default=1.0,
+        ge=0,
+        description="Failing revisions each task key's failure set takes a second at most; 0: every one.",
+    )
     max_failure_task_keys: int = Field(
         default=100,
         ge=1,

@@ -22,6 +22,7 @@ import html
 import json
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict
 from typing import Any, Literal, TypeVar
@@ -117,6 +118,7 @@ class DebugPages:
         metrics: Callable[[], Iterable[str]] = tuple,
         expectations_source: Callable[[str], str | None] = lambda tenant: None,
         registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.enabled = config.enabled
         self.config = config
@@ -124,6 +126,9 @@ class DebugPages:
             config.max_partitions if config.enabled else 1,
             config.max_failures_per_task_key if config.enabled else 0,
             config.max_failure_task_keys,
+            recent_per_second=config.admit_per_second or None,
+            failures_per_second=config.admit_failures_per_second or None,
+            clock=clock,
         )
         self.rejections = RejectionLog(config.max_rejections if config.enabled else 1)
         self._include_content = include_content
@@ -244,10 +249,13 @@ class DebugPages:
             and (query.tenant is None or event.attributes.get("tenant") == query.tenant)
         ]
         if not found:
+            config = self.config
             raise NotHeld(
-                f"{name} is not held: never scored here, or evicted (debug_pages keeps the last "
-                f"{self.config.max_partitions} revisions and {self.config.max_failures_per_task_key} "
-                "failing ones per task key)"
+                f"{name} is not held: never scored here, evicted, or skipped (debug_pages keeps the last "
+                f"{config.max_partitions} revisions, taking at most {config.admit_per_second:g} a second, and "
+                f"{config.max_failures_per_task_key} failing ones per task key, at most "
+                f"{config.admit_failures_per_second:g} a second each); `stepwatch score` explains any "
+                "trace offline"
             )
         tenants = sorted({event.attributes.get("tenant", "") for event in found})
         if len(tenants) > 1:
@@ -372,8 +380,17 @@ class _HeldCollector(Collector):
         for name in RINGS:
             held.add_metric([name], counts[name])
             evicted.add_metric([name], self._partitions.evicted[name])
+        skipped = CounterMetricFamily(
+            "stepwatch_debug_partitions_skipped",
+            "Revisions a debug-page set did not take: its admission rate (debug_pages.admit_per_second, "
+            "admit_failures_per_second per task key) was reached.",
+            labels=["set"],
+        )
+        for name in RINGS:
+            skipped.add_metric([name], self._partitions.skipped[name])
         yield held
         yield evicted
+        yield skipped
         yield GaugeMetricFamily(
             "stepwatch_debug_failure_task_keys",
             "Task keys whose failing revisions the debug pages keep apart (at most debug_pages.max_failure_task_keys).",

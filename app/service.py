@@ -177,6 +177,7 @@ class Service:
             metrics=lambda: self.scorers.names,
             expectations_source=lambda tenant: self.tenant_expectations.get(tenant).source or None,
             registry=registry,
+            clock=self.clock.monotonic,
         )
         sinks: list[ScoreExporter] = [self.prometheus, *streams, *exporters, *self.debug.exporters]
         self._expectation_followers = [

@@ -18,7 +18,6 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from operator import attrgetter
 from typing import Protocol
 
 from .backlog import ScoringBacklog
@@ -471,26 +470,10 @@ class EvaluationEngine:
         return _Scored(event, done.inp if done.pending else None, done.pending)
 
 
-_SPAN_ID = attrgetter("span_id")
-
-
 def step_spans(inp: ScoringInput) -> StepSpans | None:
-    """The spans that became `inp.steps` (their kind and end time), for the debug detail page: an
-    index of the spans by id built at C level and a pair per step (measured ~0.14 us a span for
-    large traces, ~0.4 us for small all-step ones); rows are laid out only when a page reads them."""
-    steps = inp.steps
-    if not steps:
-        return None
-    spans = inp.partition.spans
-    by_id = dict(zip(map(_SPAN_ID, spans), spans, strict=True))
-    found = tuple(
-        [
-            None if (span := by_id.get(step.span_id)) is None else (span.kind, span.end_time_unix_nano)
-            for step in steps
-        ]
-    )
-    # sorted by start, spans without one last (partitioning.span_order_key)
-    return StepSpans(steps, found, spans[0].start_time_unix_nano)
+    """The spans that became `inp.steps`, for the debug detail page: references only, looked up
+    when the pages keep the event (StepSpans.settle)."""
+    return StepSpans(inp.steps, inp.partition.spans) if inp.steps else None
 
 
 def scored_spans(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +76,32 @@ RINGS = ("recent", "failures")
 _Kept = collections.deque[tuple[int, PartitionScores]]
 
 
+class Admission:
+    """A token bucket: at most `rate` admissions a second, up to `rate` (at least 1) at once.
+
+    Holding an event is what costs on the hot path, not choosing it: a held revision outlives a
+    few collections of the garbage collector and its memory goes cold (bench_cpu: holding every
+    revision of 10,000 spans/s cost ~10% CPU a span; docs/operations.md). Past a rate no one reads
+    at, the sets keep a sample spread over time instead of the last fraction of a second."""
+
+    __slots__ = ("_last", "_rate", "_room", "_tokens")
+
+    def __init__(self, rate: float, now: float) -> None:
+        self._rate = rate
+        self._room = max(1.0, rate)
+        self._tokens = self._room
+        self._last = now
+
+    def take(self, now: float) -> bool:
+        tokens = min(self._room, self._tokens + (now - self._last) * self._rate)
+        self._last = now
+        if tokens < 1.0:
+            self._tokens = tokens
+            return False
+        self._tokens = tokens - 1.0
+        return True
+
+
 class RecentPartitions:
     """ScoreExporter: logs each revision and keeps two bounded sets of them, with their details
     (results, metadata, step spans) for the debug pages:
@@ -93,16 +119,35 @@ class RecentPartitions:
     name = "recent_partitions"
     capabilities = Capabilities(carries_content=False)
 
-    def __init__(self, size: int = 200, failures_per_task_key: int = 0, failure_task_keys: int = 1) -> None:
+    def __init__(
+        self,
+        size: int = 200,
+        failures_per_task_key: int = 0,
+        failure_task_keys: int = 1,
+        *,
+        recent_per_second: float | None = None,
+        failures_per_second: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`recent_per_second`: revisions the recent set admits a second; `failures_per_second`:
+        failing revisions each task key's set admits a second (Admission); None: every one."""
         self._ring: collections.deque[tuple[int, PartitionScores]] = collections.deque(maxlen=size)
         """(arrival number, event): the events themselves (immutable), summarised only when read."""
         self._per_key = failures_per_task_key
         self._max_keys = failure_task_keys
         self._failures: collections.OrderedDict[tuple[str, str], _Kept] = collections.OrderedDict()
         """(tenant, task key) -> its last failing events; least recently failing key first."""
+        self._clock = clock
+        self._recent_rate = recent_per_second
+        self._recent_admission = Admission(recent_per_second, clock()) if recent_per_second else None
+        self._failure_rate = failures_per_second
+        self._failure_admission: dict[tuple[str, str], Admission] = {}
+        """Per key of `_failures` (dropped with it)."""
         self._seq = 0
         self.evicted = dict.fromkeys(RINGS, 0)
         """Events dropped from each set to make room (an event may still be held by the other)."""
+        self.skipped = dict.fromkeys(RINGS, 0)
+        """Events a set did not take, its admission rate reached (Admission)."""
 
     async def start(self) -> None:
         return None
@@ -120,22 +165,39 @@ class RecentPartitions:
 
     def _hold(self, events: Sequence[PartitionScores]) -> None:
         ring = self._ring
+        admission = self._recent_admission
+        now = self._clock()
         for event in events:
             self._seq += 1
             entry = (self._seq, event)
-            if len(ring) == ring.maxlen:
-                self.evicted["recent"] += 1
-            ring.append(entry)
+            held = False
+            if admission is None or admission.take(now):
+                if len(ring) == ring.maxlen:
+                    self.evicted["recent"] += 1
+                ring.append(entry)
+                held = True
+            else:
+                self.skipped["recent"] += 1
             if self._per_key and failing(event):
-                self._hold_failure(entry)
+                held = self._hold_failure(entry, now) or held
+            if held and event.step_spans is not None:
+                event.step_spans.settle()  # looked up for the events kept only; the spans let go
 
-    def _hold_failure(self, entry: tuple[int, PartitionScores]) -> None:
+    def _hold_failure(self, entry: tuple[int, PartitionScores], now: float) -> bool:
         event = entry[1]
         key = (event.attributes.get("tenant", ""), event.task_key or "")
         kept = self._failures.get(key)
+        if self._failure_rate:
+            admission = self._failure_admission.get(key) if kept is not None else None
+            if admission is None:
+                admission = self._failure_admission[key] = Admission(self._failure_rate, now)
+            if not admission.take(now):
+                self.skipped["failures"] += 1
+                return False
         if kept is None:
             if len(self._failures) >= self._max_keys:
-                _, dropped = self._failures.popitem(last=False)
+                gone, dropped = self._failures.popitem(last=False)
+                self._failure_admission.pop(gone, None)
                 self.evicted["failures"] += len(dropped)
             kept = self._failures[key] = collections.deque(maxlen=self._per_key)
         else:
@@ -143,6 +205,7 @@ class RecentPartitions:
         if len(kept) == kept.maxlen:
             self.evicted["failures"] += 1
         kept.append(entry)
+        return True
 
     def held(self) -> list[PartitionScores]:
         """Every event held by either set, once, newest first (the exporter runs on the event loop,

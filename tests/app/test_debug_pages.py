@@ -17,7 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from stepwatch.config import DebugPagesConfig
-from stepwatch.debug_pages import DebugPages
+from stepwatch.debug_pages import DebugPages, _HeldCollector
 from stepwatch.evaluator.engine import evaluate, step_spans
 from stepwatch.evaluator.expectations.expectation import Expectation
 from stepwatch.evaluator.model import Span
@@ -110,6 +110,8 @@ async def get_json(client: TestClient, path: str, status: int = 200) -> dict[str
 
 
 def pages(tenancy: bool = False, content: frozenset[str] = frozenset(), **config: Any) -> DebugPages:
+    # every revision held: these tests score a burst at one instant (admission: test_recent_partitions.py)
+    config = {"admit_per_second": 0, "admit_failures_per_second": 0, **config}
     return DebugPages(
         DebugPagesConfig(**config),
         include_content=lambda tenant: tenant in content,
@@ -331,3 +333,24 @@ async def test_group_windows_are_marked_and_a_session_id_with_a_slash_has_a_work
     assert [('class="op-match group"' in r) for r in rows] == [False, True, True]
     assert page.count("group 1: any order") == 1  # on the window's first row
     assert found["partition_id"] == "chat/42 x" and found["partition_type"] == "session"
+
+
+async def test_revisions_past_the_admission_rate_are_counted_and_their_page_says_why() -> None:
+    """A burst at one instant: the recent set takes its one token's worth, the failure set one per
+    key; /metrics counts the rest, and a skipped revision's detail is a 404 that says so."""
+    debug = pages(admit_per_second=1, admit_failures_per_second=1)
+    await debug.partitions.export([scored(n, OFF_PLAN) for n in range(1, 6)])
+    registry = CollectorRegistry()
+    registry.register(_HeldCollector(debug.partitions))
+    skipped = {
+        s.labels["set"]: s.value
+        for s in registry.collect()
+        for s in s.samples
+        if s.name == "stepwatch_debug_partitions_skipped_total"
+    }
+    assert skipped == {"recent": 4.0, "failures": 4.0}
+    async with serving(debug) as client:
+        response = await client.get(f"/debug/partitionz/trace/{trace_id(5)}")
+        assert response.status == 404
+        assert "skipped" in await response.text() and "a second" in await response.text()
+        await get_json(client, f"/debug/partitionz/trace/{trace_id(1)}")

@@ -4,6 +4,8 @@ and evicted is counted."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.evaluator.scores import PartitionScores
 from stepwatch.exporters.recent_partitions import RecentPartitions, failing
@@ -110,3 +112,68 @@ async def test_the_held_gauge_is_read_from_the_scrape_thread_while_task_keys_are
         sys.setswitchinterval(before)
     assert errors == []
     assert ring.held_counts()["failures"] == 50
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_past_its_admission_rate_a_set_keeps_a_sample_spread_over_time() -> None:
+    """At 100 revisions a second, the recent set takes 10 a second and each key's failure set 2:
+    what is held covers the last seconds, not the last fraction of one; the rest is counted."""
+    clock = Clock()
+    ring = RecentPartitions(50, 5, 10, recent_per_second=10, failures_per_second=2, clock=clock)
+    no = 0
+    for _ in range(10):  # 10 s of 100 revisions a second, one in 4 failing
+        for _ in range(100):
+            no += 1
+            await ring.export([event(no, "fail" if no % 4 == 0 else "pass")])
+            clock.now += 0.01
+    counts = ring.held_counts()
+    assert counts["recent"] == 50  # full, but spread: the first burst of 10, then ~10 a second
+    held = ids(ring)
+    assert held[0] - held[-1] > 400  # about 5 s of traffic, not the last 50 revisions
+    assert counts["failures"] == 5
+    admitted = 1000 - ring.skipped["recent"]
+    assert 100 <= admitted <= 110  # a burst of 10, then 10 a second for ~10 s
+    assert admitted == 50 + ring.evicted["recent"]  # every revision held, evicted or skipped
+    assert 20 <= 250 - ring.skipped["failures"] <= 22  # 2, then 2 a second
+    assert ring.skipped["failures"] + ring.evicted["failures"] + 5 == 250
+
+
+async def test_a_quiet_service_keeps_every_revision() -> None:
+    clock = Clock()
+    ring = RecentPartitions(50, 5, 10, recent_per_second=10, failures_per_second=2, clock=clock)
+    for no in range(1, 31):  # 2 revisions a second, all failing
+        await ring.export([event(no, "fail")])
+        clock.now += 0.5
+    assert ring.skipped == {"recent": 0, "failures": 0}
+    assert ids(ring)[:5] == [30, 29, 28, 27, 26]
+
+
+async def test_step_spans_are_looked_up_only_for_the_revisions_kept() -> None:
+    from stepwatch.evaluator.model import Span, Step
+    from stepwatch.evaluator.scores import StepSpans
+
+    clock = Clock()
+    ring = RecentPartitions(10, 0, 1, recent_per_second=1, clock=clock)
+    span = Span(
+        trace_id="a" * 32,
+        span_id="b" * 16,
+        name="search",
+        kind="CLIENT",
+        start_time_unix_nano=5,
+        end_time_unix_nano=9,
+    )
+    kept, skipped = (
+        replace(event(n, "pass"), step_spans=StepSpans([Step("search", "TOOL", span_id="b" * 16)], [span]))
+        for n in (1, 2)
+    )
+    await ring.export([kept, skipped])
+    assert kept.step_spans is not None and kept.step_spans._spans is None  # settled: the spans let go
+    assert kept.step_spans.rows()[0].span_kind == "CLIENT"
+    assert skipped.step_spans is not None and skipped.step_spans._found is None  # never looked up
