@@ -8,6 +8,8 @@ it (e.g. agent.step_accuracy with no expected steps from any source), or a judge
 budget, or the local judge abstained: no evidence either way; judge sampling is a decision, not a
 failure): a summary of those rows and why closes the run on stderr; 2 bad input (unreadable/invalid trace file given on
 the command line, invalid --expected-steps, --rules or --expectations, unreadable dataset file).
+With --check (the CI gate, app/commands/score_gate.py) a score below its threshold, a failed rule and
+a partition nothing checked also exit 1, each failing partition named on stderr with its reason.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+
+from stepwatch.commands.score_gate import NOTHING_CHECKED, judge_failed, verdict
 
 HELP = "Score trace files or a JSONL dataset offline (step accuracy, trajectory rules, statistics)."
 
@@ -87,6 +91,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve's expectations file (`tasks:`), loaded as serve loads it: a partition whose task key "
         "it registers is scored against that expectation, with --expected-steps, --rules and a "
         "dataset row's fields laid over it",
+    )
+    parser.add_argument(
+        "--task-key",
+        metavar="KEY",
+        help="score every partition read from a trace file as task KEY of the --expectations file "
+        "(which must register it), whatever task key its spans name",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="gate a merge: exit 1 when any score is below its threshold, any trajectory rule fails or "
+        "a partition gets no verdict at all (e.g. its task key is not in --expectations), 0 when every "
+        "partition passes, 2 on bad input; one line per failing partition with the reason, then "
+        "`N partition(s), M failing`, on stderr",
     )
     parser.add_argument(
         "--scorer",
@@ -161,7 +179,7 @@ class Record:
     @property
     def failed(self) -> bool:
         return self.error is not None or any(
-            r.error is not None or _judge_failed(r) or r.metadata.get("limit_exceeded") for r in self.results
+            r.error is not None or judge_failed(r) or r.metadata.get("limit_exceeded") for r in self.results
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -174,15 +192,6 @@ class Record:
         else:
             out["results"] = [_result_json(r) for r in self.results]
         return out
-
-
-def _judge_failed(result: Any) -> bool:
-    """A judge scorer's not_scored because the judge failed (not because it was sampled out)."""
-    if result.not_scored is None:
-        return False
-    from stepwatch.evaluator.judge.runner import JUDGE_FAILURES
-
-    return result.metadata.get("judge_outcome") in JUDGE_FAILURES
 
 
 def _result_json(result: Any) -> dict[str, Any]:
@@ -232,17 +241,12 @@ def run(args: argparse.Namespace) -> int:
 
     if bool(args.files) == bool(args.dataset):
         raise UsageError("give trace FILEs or --dataset DATA.jsonl (exactly one of the two)")
-    _check_scorer_names(args)
-    args.limits = _limits_config(args.config)
-    args.expectations_store = _load_expectations_file(args)
-    base_rules = _load_rules_file(Path(args.rules)) if args.rules else None
-    base_steps = _parse_steps_arg(args.expected_steps) if args.expected_steps is not None else None
+    prepare(args)
+    base_steps, base_rules = _base_fields(args)
     out = sys.stdout
     if args.dataset:
         return _run_dataset(args, Path(args.dataset), base_steps, base_rules, out)
-    expectation = _expectation(base_steps, args.scoring_method, base_rules, args.partition)
-    if isinstance(expectation, str):
-        raise UsageError(f"--expected-steps: {expectation}")
+    expectation = _files_expectation(args, base_steps, base_rules)
     loaded = [_load_or_usage_error(path, args.limits) for path in args.files]
     records: list[Record] = []
     explains: dict[int, list[str]] = {}
@@ -254,7 +258,64 @@ def run(args: argparse.Namespace) -> int:
                 _emit_json(record, out)
     if args.output_format == "table":
         _print_table(records, explains if args.explain else {}, out)
-    return _finish(records)
+    return _finish(records, args)
+
+
+def prepare(args: argparse.Namespace) -> None:
+    """What a run needs before it scores, into `args`: the --scorer names checked, serve's limits and
+    task-key attributes (--config), the --expectations file through serve's loader, --task-key
+    checked against it. UsageError (exit 2) on bad input."""
+    _check_scorer_names(args)
+    args.limits, args.task_key_attributes = _serve_settings(args.config)
+    args.expectations_store = _load_expectations_file(args)
+    _check_task_key(args)
+
+
+def score_spans(args: argparse.Namespace, label: str, spans: list[Any]) -> list[Record]:
+    """Decoded spans scored exactly as a trace FILE of this command is, after `prepare(args)`:
+    serve's limits, partitioning, the expectation of each partition's task key (or --task-key) with
+    the command line's fields laid over it. `stepwatch.testing` scores an agent's spans through it."""
+    expectation = _files_expectation(args, *_base_fields(args))
+    return [
+        record
+        for record, _ in _score_spans(None, label, _limited(spans, label, args.limits), expectation, args)
+    ]
+
+
+def _base_fields(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(expected steps from --expected-steps, rules from --rules), None where not given."""
+    base_rules = _load_rules_file(Path(args.rules)) if args.rules else None
+    base_steps = _parse_steps_arg(args.expected_steps) if args.expected_steps is not None else None
+    return base_steps, base_rules
+
+
+def _files_expectation(args: argparse.Namespace, base_steps: Any, base_rules: Any) -> Any:
+    """The command line's expectation for every trace file's partitions."""
+    from stepwatch.cli import UsageError
+
+    expectation = _expectation(base_steps, args.scoring_method, base_rules, args.partition)
+    if isinstance(expectation, str):
+        raise UsageError(f"--expected-steps: {expectation}")
+    return expectation
+
+
+def _check_task_key(args: argparse.Namespace) -> None:
+    """--task-key names a task the --expectations file registers (it is the file's expectation that
+    is forced, so there must be one)."""
+    key = getattr(args, "task_key", None)
+    if key is None:
+        return
+    from stepwatch.cli import UsageError
+    from stepwatch.evaluator.suggest import did_you_mean
+
+    store = args.expectations_store
+    if store is None:
+        raise UsageError("--task-key needs --expectations FILE: it scores partitions as that file's task")
+    if key not in store:
+        raise UsageError(
+            f"--task-key {key!r}: not a task key of {args.expectations} (it registers: {_task_keys(store)})"
+            + did_you_mean(key, store.task_keys)
+        )
 
 
 def _run_dataset(
@@ -301,7 +362,7 @@ def _run_dataset(
         print(file=sys.stderr)
     if args.output_format == "table":
         _print_table(records, explains if args.explain else {}, out)
-    return _finish(records)
+    return _finish(records, args)
 
 
 def _scan_rows(dataset: Path, rows: list[tuple[int, str]], base_steps: Any) -> bool:
@@ -562,41 +623,54 @@ def _limited(spans: Any, label: str, limits: Any = None) -> Any:
     return spans
 
 
-def _limits_config(config: str | None) -> Any:
-    """serve's `security.limits`: from --config (serve's YAML) and the environment as serve reads
-    them (STEPWATCH_CONFIG, STEPWATCH_SECURITY__LIMITS__*), else serve's defaults; the rest of the
-    file is validated as serve would, then ignored. ConfigError is a usage error (exit 2)."""
+def _serve_settings(config: str | None) -> tuple[Any, tuple[str, ...]]:
+    """(serve's `security.limits`, serve's `partitioning.task_key_attributes`): from --config (serve's
+    YAML) and the environment as serve reads them (STEPWATCH_CONFIG, STEPWATCH_SECURITY__LIMITS__*,
+    STEPWATCH_PARTITIONING__*), else serve's defaults; the rest of the file is validated as serve
+    would, then ignored. A partition's task key, and so its expectation, is then the one serve finds.
+    ConfigError is a usage error (exit 2)."""
     import os
 
+    from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES
     from stepwatch.security.config import LimitsConfig
 
+    prefixes = ("STEPWATCH_SECURITY__LIMITS__", "STEPWATCH_PARTITIONING__")
     if config is None and not any(
-        name == "STEPWATCH_CONFIG" or name.startswith("STEPWATCH_SECURITY__LIMITS__") for name in os.environ
+        name == "STEPWATCH_CONFIG" or name.startswith(prefixes) for name in os.environ
     ):
-        return LimitsConfig()  # serve's config module (and its imports) only when asked for
+        return LimitsConfig(), DEFAULT_TASK_KEY_ATTRIBUTES  # serve's config module only when asked for
     from stepwatch.cli import UsageError
     from stepwatch.config import ConfigError, load_config
 
     try:
-        return load_config(Path(config) if config is not None else None).security.limits
+        loaded = load_config(Path(config) if config is not None else None)
     except ConfigError as exc:
         raise UsageError(f"--config: {str(exc).splitlines()[0]}") from None
+    return loaded.security.limits, tuple(loaded.partitioning.task_key_attributes)
 
 
 def _score_spans(
     row_id: str | None, label: str, spans: Any, expectation: Any, args: argparse.Namespace
 ) -> Any:
     """(Record, explain lines) per partition of `spans`."""
-    from stepwatch.evaluator.partitioning import partition_sessions, partition_traces
+    from stepwatch.evaluator.partitioning import (
+        DEFAULT_TASK_KEY_ATTRIBUTES,
+        partition_sessions,
+        partition_traces,
+    )
     from stepwatch.receiver.codec import spancore
 
     fields = spancore.partitioner()  # serve's native passes, as serve runs them
+    keys = getattr(args, "task_key_attributes", DEFAULT_TASK_KEY_ATTRIBUTES)
     if args.partition == "session":
-        partitions = partition_sessions(spans, include_sessionless=True, fields=fields)
+        partitions = partition_sessions(spans, keys, include_sessionless=True, fields=fields)
     else:
-        partitions = partition_traces(spans, fields=fields)
+        partitions = partition_traces(spans, keys, fields=fields)
+    forced = getattr(args, "task_key", None)
     registry, runner = _judge_runtime(args)
     for partition in partitions:
+        if forced is not None:
+            partition = partition.model_copy(update={"task_key": forced})
         record = Record(
             id=row_id if row_id is not None else f"{label}#{partition.id}",
             partition_type=partition.type,
@@ -925,14 +999,41 @@ def _columns(rows: list[tuple[str, ...]]) -> list[str]:
     return ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
 
 
-def _finish(records: list[Record]) -> int:
+def _finish(records: list[Record], args: argparse.Namespace) -> int:
     """The exit code, after a summary on stderr of every row not scored and why: 1 when any
     partition or result failed (an error, or a judge that could not score: down, over budget,
-    past --judge-deadline, abstaining), 0 otherwise (a sampled-out judge is a decision)."""
+    past --judge-deadline, abstaining), 0 otherwise (a sampled-out judge is a decision). With
+    --check, the gate's lines follow, and a failing partition (a score below its threshold, a
+    failed rule, no verdict at all) exits 1 too."""
     lines = not_scored_summary(records)
     if lines:
         print("\n".join(lines), file=sys.stderr)
-    return 1 if any(record.failed for record in records) else 0
+    code = 1 if any(record.failed for record in records) else 0
+    if getattr(args, "check", False):
+        gate = verdict(records, lambda record: unchecked_reason(record, args))
+        print("\n".join(f"stepwatch score: {line}" for line in gate.lines()), file=sys.stderr)
+        if not gate.passed:
+            code = 1
+    return code
+
+
+def unchecked_reason(record: Any, args: argparse.Namespace) -> str:
+    """Why a partition got no verdict: its task key is not in --expectations (the usual cause: an
+    agent renamed, a task key misspelt), else no expectation gave it a threshold or a rule."""
+    store = getattr(args, "expectations_store", None)
+    if store is not None and record.task_key not in store:
+        return (
+            f"nothing checked: task key {record.task_key!r} is not registered in {args.expectations} "
+            f"(it registers: {_task_keys(store)}; --task-key KEY scores it as one of them)"
+        )
+    return f"{NOTHING_CHECKED} (give --expectations, --expected-steps or --rules)"
+
+
+def _task_keys(store: Any, shown: int = 5) -> str:
+    """The file's task keys for a message, the first `shown` of them."""
+    keys = list(store.task_keys)
+    more = f" (+{len(keys) - shown} more)" if len(keys) > shown else ""
+    return (", ".join(keys[:shown]) or "none") + more
 
 
 def not_scored_summary(records: list[Record]) -> list[str]:
@@ -950,7 +1051,7 @@ def not_scored_summary(records: list[Record]) -> list[str]:
             if result.error is not None:
                 why = f"error: {result.error}"
             elif result.not_scored is not None and (
-                _judge_failed(result) or result.metadata.get("limit_exceeded")
+                judge_failed(result) or result.metadata.get("limit_exceeded")
             ):
                 why = result.not_scored
             else:

@@ -2,8 +2,10 @@
 
 Detection: bytes that start (after whitespace / a UTF-8 BOM) with `{` or `[` are JSON — an object
 with `resourceSpans` is OTLP/JSON, an object with `steps` is a native trajectory, a list is an
-OpenInference span list; anything else is parsed as an OTLP protobuf ExportTraceServiceRequest
-(`{` and `[` can never start a valid one).
+OpenInference span list, an object with `name` and `context` is one OTel SDK span
+(`ReadableSpan.to_json()`); anything else is parsed as an OTLP protobuf ExportTraceServiceRequest
+(`{` and `[` can never start a valid one). JSON documents one after another (NDJSON, or the SDK's
+ConsoleSpanExporter output) are a stream: each an OTLP/JSON request or an SDK span.
 """
 
 from __future__ import annotations
@@ -14,14 +16,18 @@ from pathlib import Path
 from typing import Literal
 
 from stepwatch.evaluator.model import Span
-from stepwatch.receiver.codec.decoded import DecodeError, Rejection
+from stepwatch.receiver.codec.decoded import DecodeError, DecodeResult, Rejection
 from stepwatch.receiver.codec.otlp_json import decode_json
 from stepwatch.receiver.codec.otlp_proto import decode_request_bytes
 
+from .json_stream import JsonStreamError, json_documents
 from .native_json import decode_native
 from .openinference_json import decode_openinference
+from .otel_sdk_json import decode_sdk_spans, looks_like_sdk_span
 
-Format = Literal["otlp_proto", "otlp_json", "native", "openinference"]
+Format = Literal["otlp_proto", "otlp_json", "native", "openinference", "otel_sdk_json", "json_stream"]
+"""`otel_sdk_json`: OTel SDK spans (ConsoleSpanExporter); `json_stream`: a stream mixing those and
+OTLP/JSON requests (a stream of one kind is that kind's format)."""
 
 
 class LoadError(ValueError):
@@ -77,6 +83,8 @@ def _load_json(body: bytes, source: str) -> LoadedFile:
     except RecursionError:
         raise LoadError(f"{source}: invalid JSON (nested too deeply)") from None
     except json.JSONDecodeError as exc:
+        if exc.msg == "Extra data":  # a complete document, then more: a stream of documents
+            return _load_stream(body, source)
         raise LoadError(
             f"{source}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
         ) from None
@@ -89,7 +97,61 @@ def _load_json(body: bytes, source: str) -> LoadedFile:
             return LoadedFile(source, "otlp_json", result.spans, result.rejected)
         if "steps" in document:
             return LoadedFile(source, "native", decode_native(document, source))
+        if looks_like_sdk_span(document):  # ConsoleSpanExporter output of a single span
+            result = decode_sdk_spans([document])
+            return LoadedFile(source, "otel_sdk_json", result.spans, result.rejected)
     raise LoadError(
         f"{source}: unknown JSON shape: expected an object with resourceSpans (OTLP/JSON), "
-        "an object with steps (native trajectory) or a list of OpenInference spans"
+        "an object with steps (native trajectory), a list of OpenInference spans or OTel SDK spans "
+        "(ConsoleSpanExporter)"
+    )
+
+
+def _load_stream(body: bytes, source: str) -> LoadedFile:
+    """JSON documents one after another (NDJSON, ConsoleSpanExporter output): each an OTLP/JSON
+    request or an OTel SDK span, numbered in file order; any other document is a LoadError naming
+    its line."""
+    try:
+        documents = json_documents(body.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise LoadError(f"{source}: invalid JSON (not UTF-8 text)") from None
+    except RecursionError:
+        raise LoadError(f"{source}: invalid JSON (nested too deeply)") from None
+    except JsonStreamError as exc:
+        raise LoadError(f"{source}: {exc}") from None
+    loaded = LoadedFile(source, "json_stream", [])
+    kinds: set[Format] = set()
+    for number, document in enumerate(documents, start=1):
+        first = len(loaded.spans) + len(loaded.rejected)
+        if looks_like_sdk_span(document.value):
+            result = decode_sdk_spans([document.value], first)
+            kinds.add("otel_sdk_json")
+        elif isinstance(document.value, dict) and (
+            "resourceSpans" in document.value or "resource_spans" in document.value
+        ):
+            try:
+                result = _renumbered(decode_json(document.value), first)
+            except DecodeError as exc:
+                raise LoadError(f"{source}: document {number} (line {document.line}): {exc}") from None
+            kinds.add("otlp_json")
+        else:
+            raise LoadError(
+                f"{source}: document {number} (line {document.line}) is neither an OTLP/JSON request "
+                "(resourceSpans) nor an OTel SDK span (name, context): a stream of JSON documents "
+                "(NDJSON, ConsoleSpanExporter output) holds only those"
+            )
+        loaded.spans.extend(result.spans)
+        loaded.rejected.extend(result.rejected)
+    if len(kinds) == 1:
+        loaded.format = kinds.pop()
+    return loaded
+
+
+def _renumbered(result: DecodeResult, first: int) -> DecodeResult:
+    """A document's spans and rejections numbered after the `first` the stream held before it."""
+    if not first:
+        return result
+    return DecodeResult(
+        [span.model_copy(update={"seq": span.seq + first}) for span in result.spans],
+        [Rejection(r.reason, r.detail, r.index + first) for r in result.rejected],
     )

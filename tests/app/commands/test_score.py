@@ -454,3 +454,187 @@ def test_offline_score_accepts_serves_limits_options(tmp_path: Path) -> None:
 
     config.write_text("security:\n  limits:\n    max_attribute_value_length: -1\n")
     assert_usage_error(run("score", str(path), "--config", str(config)), "--config: security.limits")
+
+
+# -- the CI gate: --check, --task-key, the SDK's console output and NDJSON -------------------------
+
+FLIGHT = CORPUS / "pai_flight_booking_sequential.pb"  # travel_agent: search, check seats, book
+RETRY = CORPUS / "pai_tool_retry_model_retry.pb"  # refund_agent: lookup_order twice, then issue_refund
+GATE_EXPECTATIONS = """\
+tasks:
+  travel_agent:
+    expected_steps: [search_flights, check_seat_availability, book_flight]
+    threshold: 0.9
+    rules:
+      - must_call: book_flight
+        after: search_flights
+  refund_agent:
+    expected_steps: [lookup_order, issue_refund]
+    threshold: 0.9
+    rules:
+      - max_steps: 2
+"""
+
+
+@pytest.fixture
+def gate_file(tmp_path: Path) -> Path:
+    path = tmp_path / "expectations.yaml"
+    path.write_text(GATE_EXPECTATIONS)
+    return path
+
+
+def gate_lines(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line.removeprefix("stepwatch score: ") for line in proc.stderr.splitlines()]
+
+
+def test_check_exit_codes_on_the_corpus(gate_file: Path, tmp_path: Path) -> None:
+    """On plan 0, off plan 1 (each failing partition named with its reasons), bad input 2."""
+    on_plan = run("score", str(FLIGHT), "--expectations", str(gate_file), "--check")
+    assert on_plan.returncode == 0, on_plan.stderr
+    assert gate_lines(on_plan) == ["1 partition(s), 0 failing"]
+    assert "agent.step_accuracy         1.000  pass" in on_plan.stdout
+
+    off_plan = run("score", str(RETRY), str(FLIGHT), "--expectations", str(gate_file), "--check")
+    assert off_plan.returncode == 1, off_plan.stderr
+    fail, summary = gate_lines(off_plan)
+    assert fail.startswith(f"FAIL {RETRY}#") and "(task refund_agent): " in fail
+    step, rule = fail.split(": ", 1)[1].split(" | ")
+    assert step == "agent.step_accuracy 0.667 (threshold 0.9): extra: lookup_order"
+    assert rule.startswith("trajectory 0: max_steps: 2: the trajectory has 3 steps")
+    assert summary == "2 partition(s), 1 failing"
+    # the reason is the structured explanation's, the one --format json carries
+    record = json.loads(run("score", str(RETRY), "--expectations", str(gate_file), "--format", "json").stdout)
+    detail = {
+        r["metric"]: r["explanation_detail"]["reason"] for r in record["results"] if "explanation_detail" in r
+    }
+    assert step.endswith(detail["agent.step_accuracy"]) and rule.endswith(detail["trajectory"])
+
+    garbage = tmp_path / "garbage.bin"
+    garbage.write_bytes(b"garbage \x00\xff\xfe not a trace file")
+    assert_usage_error(
+        run("score", str(garbage), "--expectations", str(gate_file), "--check"),
+        f"{garbage}: not JSON, and not a valid OTLP protobuf",
+    )
+    garbled = tmp_path / "garbled.json"
+    garbled.write_bytes(b'{"resourceSpans": [] }\x00\x01 not a trace')
+    assert_usage_error(
+        run("score", str(garbled), "--expectations", str(gate_file), "--check"),
+        f"{garbled}: invalid JSON at line 1 column 23 (document 2): Expecting value",
+    )
+
+
+def test_without_check_failing_scores_still_exit_0(gate_file: Path) -> None:
+    """--check is the gate; without it the exit code keeps saying whether everything was scored."""
+    proc = run("score", str(RETRY), "--expectations", str(gate_file))
+    assert proc.returncode == 0 and "FAIL" in proc.stdout and proc.stderr == ""
+
+
+def test_check_fails_a_partition_its_expectations_do_not_cover(gate_file: Path) -> None:
+    """An agent renamed out of its task key is not a silent pass: nothing was checked."""
+    weather = CORPUS / "lg_react_parallel_tools.pb"  # task key weather_agent
+    proc = run("score", str(weather), "--expectations", str(gate_file), "--check")
+    assert proc.returncode == 1
+    fail, summary = gate_lines(proc)
+    assert "(task weather_agent): nothing checked: task key 'weather_agent' is not registered in" in fail
+    assert summary == "1 partition(s), 1 failing"
+    bare = run("score", str(weather), "--check")
+    assert bare.returncode == 1 and "no score with a threshold and no trajectory rule" in bare.stderr
+
+
+def test_task_key_forces_the_files_expectation(gate_file: Path) -> None:
+    weather = CORPUS / "lg_react_parallel_tools.pb"
+    proc = run(
+        "score",
+        str(weather),
+        "--expectations",
+        str(gate_file),
+        "--task-key",
+        "travel_agent",
+        "--format",
+        "json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(proc.stdout)
+    assert record["task_key"] == "travel_agent"
+    results = {r["metric"]: r for r in record["results"]}
+    expected = ["search_flights", "check_seat_availability", "book_flight"]
+    assert results["agent.step_accuracy"]["metadata"]["expected_steps"] == expected
+    assert results["agent.step_accuracy"]["threshold"] == 0.9 and results["trajectory"]["passed"] is False
+    # the flight trace is travel_agent already: forcing it changes nothing
+    forced = run(
+        "score", str(FLIGHT), "--expectations", str(gate_file), "--task-key", "travel_agent", "--check"
+    )
+    assert forced.returncode == 0, forced.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--task-key", "travel_agnt"], "--task-key 'travel_agnt': not a task key of "),
+        (
+            ["--task-key", "travel_agnt"],
+            "(it registers: travel_agent, refund_agent); did you mean 'travel_agent'?",
+        ),
+    ],
+)
+def test_an_unknown_task_key_is_bad_input(gate_file: Path, args: list[str], fragment: str) -> None:
+    assert_usage_error(run("score", str(FLIGHT), "--expectations", str(gate_file), *args), fragment)
+
+
+def test_task_key_needs_an_expectations_file() -> None:
+    assert_usage_error(
+        run("score", str(FLIGHT), "--task-key", "travel_agent"), "--task-key needs --expectations"
+    )
+
+
+def test_configs_task_key_attributes_find_the_task_as_serve_does(gate_file: Path, tmp_path: Path) -> None:
+    """With --config, a partition's task key is read from serve's `partitioning.task_key_attributes`:
+    the expectation it gets offline is the one serve would give it."""
+    gate_file.write_text(GATE_EXPECTATIONS.replace("travel_agent:", "pydantic-ai-corpus:"))
+    config = tmp_path / "stepwatch.yaml"
+    config.write_text("partitioning:\n  task_key_attributes: [service.name]\n")
+    served = run("score", str(FLIGHT), "--expectations", str(gate_file), "--config", str(config), "--check")
+    assert served.returncode == 0, served.stderr
+    assert "pydantic-ai-corpus" in served.stdout
+    default = run("score", str(FLIGHT), "--expectations", str(gate_file), "--check")
+    assert default.returncode == 1 and "task key 'travel_agent' is not registered" in default.stderr
+
+
+def _records_by_partition(proc: subprocess.CompletedProcess[str]) -> dict[str, dict[str, object]]:
+    """JSON records keyed by partition id, without the `id` (it names the file)."""
+    assert proc.returncode in (0, 1), proc.stderr
+    records = [json.loads(line) for line in proc.stdout.splitlines()]
+    return {record["partition"]["id"]: {k: v for k, v in record.items() if k != "id"} for record in records}
+
+
+@pytest.mark.parametrize("one_per_line", [False, True], ids=["console", "console one per line"])
+def test_console_span_exporter_output_scores_as_the_same_spans_over_otlp(
+    tmp_path: Path, gate_file: Path, one_per_line: bool
+) -> None:
+    from sdk_exports import console_export, otlp_bytes
+
+    runs = [
+        ("refund_agent", ["lookup_order", "lookup_order", "issue_refund"]),
+        ("travel_agent", ["search_flights", "check_seat_availability_fails", "book_flight"]),
+    ]
+    console = tmp_path / "console.txt"
+    spans = console_export(console, runs, one_per_line=one_per_line)
+    otlp = tmp_path / "spans.pb"
+    otlp.write_bytes(otlp_bytes(spans))
+    common = ["--expectations", str(gate_file), "--format", "json", "--check"]
+    by_console, by_otlp = run("score", str(console), *common), run("score", str(otlp), *common)
+    assert _records_by_partition(by_console) == _records_by_partition(by_otlp)
+    assert len(_records_by_partition(by_console)) == 2
+    assert by_console.returncode == by_otlp.returncode == 1
+    assert gate_lines(by_console)[-1] == gate_lines(by_otlp)[-1] == "2 partition(s), 2 failing"
+
+
+def test_ndjson_of_otlp_json_requests_scores_as_the_requests(tmp_path: Path, gate_file: Path) -> None:
+    """One OTLP/JSON request per line (what the Collector's file exporter writes)."""
+    lines = [json.dumps(json.loads((CORPUS / f"{path.stem}.json").read_text())) for path in (RETRY, FLIGHT)]
+    ndjson = tmp_path / "export.jsonl"
+    ndjson.write_text("\n".join(lines) + "\n")
+    common = ["--expectations", str(gate_file), "--format", "json"]
+    streamed = _records_by_partition(run("score", str(ndjson), *common))
+    assert streamed == _records_by_partition(run("score", str(RETRY), str(FLIGHT), *common))
+    assert len(streamed) == 2
