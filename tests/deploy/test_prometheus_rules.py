@@ -173,3 +173,86 @@ def test_missing_step_unit_tests_fail_when_a_guard_is_removed(
     result = run([require_tool("promtool"), "test", "rules", str(test_file)])
     assert result.returncode != 0, f"unit tests still pass although {why}"
     assert "StepwatchExpectedStepMissing" in result.stdout + result.stderr
+
+
+SILENCE_TEST = RULES.parent.parent / "tests" / "silence.test.yml"
+
+
+def test_silence_alerts_are_shown_firing_and_quiet() -> None:
+    """Each alert of the group stepwatch-silence fires at some time of silence.test.yml and is
+    quiet at another: an alert that fired on everything would pass a firing-only check."""
+    doc = yaml.safe_load(RULES.read_text())
+    group = next(g for g in doc["groups"] if g["name"] == "stepwatch-silence")
+    alerts = {r["alert"] for r in group["rules"] if "alert" in r}
+    assert alerts == {"StepwatchUnmatchedShareRising", "StepwatchTaskKeySilent", "StepwatchUnscoredRising"}
+    fired: set[str] = set()
+    quiet: set[str] = set()
+    for case in yaml.safe_load(SILENCE_TEST.read_text())["tests"]:
+        for check in case.get("alert_rule_test", []):
+            (fired if check.get("exp_alerts") else quiet).add(check["alertname"])
+    assert alerts <= fired, sorted(alerts - fired)
+    assert alerts <= quiet, sorted(alerts - quiet)
+
+
+@pytest.mark.parametrize(
+    ("case", "alert", "original", "mutant", "why"),
+    [
+        (
+            "unmatched share rising",
+            "StepwatchUnmatchedShareRising",
+            "          or on (job)\n          job:stepwatch_partitions_unmatched:ratio_rate1h_offset1d\n",
+            "          or on (job)\n          job:stepwatch_partitions_unmatched:ratio_rate1d_offset1h\n",
+            "without the same hour yesterday, unregistered traffic with a daily rhythm pages",
+        ),
+        (
+            "unmatched share rising",
+            "StepwatchUnmatchedShareRising",
+            "record: stepwatch:partitions_unmatched_min_1h:default\n        expr: vector(20)",
+            "record: stepwatch:partitions_unmatched_min_1h:default\n        expr: vector(1)",
+            "without the minimum a tiny deployment's 12 unmatched partitions page",
+        ),
+        (
+            "task key silent",
+            "StepwatchTaskKeySilent",
+            "unless on (task_key)\n          (task_key:stepwatch_evaluations:max_increase1h > 0)",
+            "and on (task_key)\n          (task_key:stepwatch_evaluations:max_increase1h == 0)",
+            "firing on a zero only, a key whose series vanished in a restart goes unnoticed",
+        ),
+        (
+            "task key silent",
+            "StepwatchTaskKeySilent",
+            "unless on (task_key)\n          (task_key:stepwatch_evaluations:max_increase1h > 0)",
+            "unless on (task_key)\n          (task_key:stepwatch_evaluations:max_increase1h)",
+            "firing on absent series only, a key whose series stay but stop increasing goes unnoticed",
+        ),
+        (
+            "unscored rising",
+            "StepwatchUnscoredRising",
+            "          task_key_metric:stepwatch_evaluations_unscored:ratio_rate7d\n"
+            "          + on (task_key, metric)\n          (\n",
+            "          0 * task_key_metric:stepwatch_evaluations_unscored:ratio_rate7d + 0.5\n"
+            "          + on (task_key, metric)\n          0 * (\n",
+            "with a fixed line instead of its own baseline, a judge sampled at 10% pages",
+        ),
+    ],
+)
+def test_silence_unit_tests_fail_when_an_alert_is_broken(
+    tmp_path: Path, case: str, alert: str, original: str, mutant: str, why: str
+) -> None:
+    """The unit tests of the alerts on silence have teeth: breaking what makes one fire on silence
+    (or stay quiet on normal traffic) fails its test case, run alone to keep this fast."""
+    text = RULES.read_text()
+    assert text.count(original) == 1, original
+    rules_dir = tmp_path / "rules"
+    tests_dir = tmp_path / "tests"
+    rules_dir.mkdir()
+    tests_dir.mkdir()
+    (rules_dir / RULES.name).write_text(text.replace(original, mutant))
+    doc = yaml.safe_load(SILENCE_TEST.read_text())
+    doc["tests"] = [t for t in doc["tests"] if t["name"] == case]
+    assert doc["tests"], case
+    test_file = tests_dir / SILENCE_TEST.name
+    test_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+    result = run([require_tool("promtool"), "test", "rules", str(test_file)])
+    assert result.returncode != 0, f"unit tests still pass although {why}"
+    assert alert in result.stdout + result.stderr
