@@ -471,8 +471,7 @@ class EvaluationEngine:
 
 
 def step_spans(inp: ScoringInput) -> StepSpans | None:
-    """The spans that became `inp.steps`, for the debug detail page: references only, looked up
-    when the pages keep the event (StepSpans.settle)."""
+    """The spans that became `inp.steps`, for the debug detail page (StepSpans)."""
     return StepSpans(inp.steps, inp.partition.spans) if inp.steps else None
 
 

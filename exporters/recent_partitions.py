@@ -170,18 +170,14 @@ class RecentPartitions:
         for event in events:
             self._seq += 1
             entry = (self._seq, event)
-            held = False
             if admission is None or admission.take(now):
                 if len(ring) == ring.maxlen:
                     self.evicted["recent"] += 1
                 ring.append(entry)
-                held = True
             else:
                 self.skipped["recent"] += 1
             if self._per_key and failing(event):
-                held = self._hold_failure(entry, now) or held
-            if held and event.step_spans is not None:
-                event.step_spans.settle()  # looked up for the events kept only; the spans let go
+                self._hold_failure(entry, now)
 
     def _hold_failure(self, entry: tuple[int, PartitionScores], now: float) -> bool:
         event = entry[1]

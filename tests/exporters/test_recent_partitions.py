@@ -4,8 +4,6 @@ and evicted is counted."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.evaluator.scores import PartitionScores
 from stepwatch.exporters.recent_partitions import RecentPartitions, failing
@@ -153,27 +151,3 @@ async def test_a_quiet_service_keeps_every_revision() -> None:
         clock.now += 0.5
     assert ring.skipped == {"recent": 0, "failures": 0}
     assert ids(ring)[:5] == [30, 29, 28, 27, 26]
-
-
-async def test_step_spans_are_looked_up_only_for_the_revisions_kept() -> None:
-    from stepwatch.evaluator.model import Span, Step
-    from stepwatch.evaluator.scores import StepSpans
-
-    clock = Clock()
-    ring = RecentPartitions(10, 0, 1, recent_per_second=1, clock=clock)
-    span = Span(
-        trace_id="a" * 32,
-        span_id="b" * 16,
-        name="search",
-        kind="CLIENT",
-        start_time_unix_nano=5,
-        end_time_unix_nano=9,
-    )
-    kept, skipped = (
-        replace(event(n, "pass"), step_spans=StepSpans([Step("search", "TOOL", span_id="b" * 16)], [span]))
-        for n in (1, 2)
-    )
-    await ring.export([kept, skipped])
-    assert kept.step_spans is not None and kept.step_spans._spans is None  # settled: the spans let go
-    assert kept.step_spans.rows()[0].span_kind == "CLIENT"
-    assert skipped.step_spans is not None and skipped.step_spans._found is None  # never looked up
