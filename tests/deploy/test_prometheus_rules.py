@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -131,6 +132,22 @@ def test_missing_step_unit_tests_cover_skipped_rare_sparse_and_overflow_steps() 
         assert f'task_key="{task_key}",step="{step}",outcome="missing"' in text, (task_key, step)
 
 
+def run_against_mutant(
+    tmp_path: Path, original: str, mutant: str, unit_tests: str
+) -> subprocess.CompletedProcess[str]:
+    """promtool's unit tests `unit_tests` (a test file's text) run against the rules with `original`
+    replaced by `mutant`, laid out as the shipped files are (tests/ next to rules/)."""
+    text = RULES.read_text()
+    assert text.count(original) == 1, original
+    rules_dir, tests_dir = tmp_path / "rules", tmp_path / "tests"
+    rules_dir.mkdir()
+    tests_dir.mkdir()
+    (rules_dir / RULES.name).write_text(text.replace(original, mutant))
+    test_file = tests_dir / "mutant.test.yml"
+    test_file.write_text(unit_tests)
+    return run([require_tool("promtool"), "test", "rules", str(test_file)])
+
+
 @pytest.mark.parametrize(
     ("original", "mutant", "why"),
     [
@@ -161,16 +178,7 @@ def test_missing_step_unit_tests_fail_when_a_guard_is_removed(
 ) -> None:
     """The unit tests of StepwatchExpectedStepMissing have teeth: weakening one of its guards makes
     them fail."""
-    text = RULES.read_text()
-    assert text.count(original) == 1, original
-    rules_dir = tmp_path / "rules"
-    tests_dir = tmp_path / "tests"
-    rules_dir.mkdir()
-    tests_dir.mkdir()
-    (rules_dir / RULES.name).write_text(text.replace(original, mutant))
-    test_file = tests_dir / STEPS_TEST.name
-    test_file.write_text(STEPS_TEST.read_text())
-    result = run([require_tool("promtool"), "test", "rules", str(test_file)])
+    result = run_against_mutant(tmp_path, original, mutant, STEPS_TEST.read_text())
     assert result.returncode != 0, f"unit tests still pass although {why}"
     assert "StepwatchExpectedStepMissing" in result.stdout + result.stderr
 
@@ -241,18 +249,9 @@ def test_silence_unit_tests_fail_when_an_alert_is_broken(
 ) -> None:
     """The unit tests of the alerts on silence have teeth: breaking what makes one fire on silence
     (or stay quiet on normal traffic) fails its test case, run alone to keep this fast."""
-    text = RULES.read_text()
-    assert text.count(original) == 1, original
-    rules_dir = tmp_path / "rules"
-    tests_dir = tmp_path / "tests"
-    rules_dir.mkdir()
-    tests_dir.mkdir()
-    (rules_dir / RULES.name).write_text(text.replace(original, mutant))
     doc = yaml.safe_load(SILENCE_TEST.read_text())
     doc["tests"] = [t for t in doc["tests"] if t["name"] == case]
     assert doc["tests"], case
-    test_file = tests_dir / SILENCE_TEST.name
-    test_file.write_text(yaml.safe_dump(doc, sort_keys=False))
-    result = run([require_tool("promtool"), "test", "rules", str(test_file)])
+    result = run_against_mutant(tmp_path, original, mutant, yaml.safe_dump(doc, sort_keys=False))
     assert result.returncode != 0, f"unit tests still pass although {why}"
     assert alert in result.stdout + result.stderr
