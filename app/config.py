@@ -25,6 +25,7 @@ from stepwatch.evaluator.judge.settings import JudgeServiceConfig
 from stepwatch.evaluator.ledger import LedgerLimits
 from stepwatch.evaluator.partitioning import DEFAULT_TASK_KEY_ATTRIBUTES
 from stepwatch.evaluator.suggest import did_you_mean
+from stepwatch.evaluator.versions import DEFAULT_VERSION_ATTRIBUTES, RECIPES
 from stepwatch.event_loop import ENV_EVENT_LOOP
 from stepwatch.exporters.config import (
     KafkaExporterConfig,
@@ -142,6 +143,23 @@ class PartitioningConfig(Section):
         description="Attributes naming the task key, first present wins (root span, any span, resource); "
         "the root span's name is the last resort.",
     )
+    version_attributes: list[str] = Field(
+        default=list(DEFAULT_VERSION_ATTRIBUTES),
+        description="Attributes naming the agent version of a partition (the `version` label of the score "
+        "metrics), first present wins, each looked up on the root span, then its resource; "
+        f"`{min(RECIPES)}`: the partition's most frequent request model. Empty: no version "
+        "(every partition `unknown`).",
+    )
+
+    @field_validator("version_attributes")
+    @classmethod
+    def _known_recipes(cls, value: list[str]) -> list[str]:
+        unknown = [name for name in value if name.startswith("@") and name not in RECIPES]
+        if unknown:
+            raise ValueError(f"unknown version recipe {unknown[0]!r}; known: {', '.join(sorted(RECIPES))}")
+        if any(not name for name in value):
+            raise ValueError("version_attributes entries must not be empty")
+        return value
 
 
 class ExpectationsConfig(Section):
@@ -194,6 +212,13 @@ class PrometheusConfig(_Endpoint):
         description="Distinct step (and rule) label values per task key in stepwatch_expected_step_outcomes_total "
         "and stepwatch_rule_failures_total; later ones share `other` (counted in "
         "stepwatch_step_series_overflow_total).",
+    )
+    max_versions_per_task: int = Field(
+        default=5,
+        ge=1,
+        description="Distinct `version` label values per task key in the score families (and the OTel score "
+        "metrics); a new version takes the slot of the least recently seen one, whose later partitions "
+        "count under `other` (stepwatch_version_label_overflow_total).",
     )
 
 

@@ -35,6 +35,7 @@ from stepwatch.evaluator.scorers.judge_registration import judge_scorer_entries
 from stepwatch.evaluator.scorers.registry import ScorerEntry, ScorerRegistry
 from stepwatch.evaluator.scorers.step_accuracy import METRIC as STEP_ACCURACY
 from stepwatch.evaluator.scorers.step_accuracy import StepAccuracyScorer
+from stepwatch.evaluator.versions import span_attributes_read
 from stepwatch.exporters.base import ExpectationsFollower, FanOutExporter, ScoreExporter, capabilities_of
 from stepwatch.exporters.events import ordered_root_span_id
 from stepwatch.exporters.judge_metrics import JudgeCollector
@@ -129,6 +130,7 @@ class Service:
             trace_idle_timeout=buffer_limits.trace_idle_timeout,
             session_idle_timeout=buffer_limits.session_idle_timeout,
             max_steps_per_task=prom.max_steps_per_task,
+            max_versions_per_task=prom.max_versions_per_task,
             registry=registry,
         )
         self.limit_meter = PrometheusLimitMeter(registry)
@@ -167,6 +169,7 @@ class Service:
             otel_events=exp.otel_events,
             registry=registry,
             is_registered=lambda key: self.tenant_expectations.registered_anywhere(key),
+            max_versions_per_task=prom.max_versions_per_task,
         )
         self.streams = streams
         # partition log + held partitions with details, rejection ring, /debug/*
@@ -316,13 +319,17 @@ class Service:
                 routes=self.debug.routes(),
             )
         # read before the per-span caps apply to the rest (security/limits.py limit_span_attributes)
-        scoring_reads = scoring_attributes(tuple(config.partitioning.task_key_attributes))
+        partitioning = config.partitioning
+        scoring_reads = scoring_attributes(
+            (*partitioning.task_key_attributes, *span_attributes_read(partitioning.version_attributes))
+        )
         self.engine = EvaluationEngine(
             self.buffer,
             self.scorers,
             self.backlog,
             EngineSettings(
-                task_key_attributes=tuple(config.partitioning.task_key_attributes),
+                task_key_attributes=tuple(partitioning.task_key_attributes),
+                version_attributes=tuple(partitioning.version_attributes),
                 workers=config.scoring.workers,
                 max_pending_partitions=config.judge.max_pending_partitions,
                 records_decisions=self.decisions is not None,

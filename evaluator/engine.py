@@ -45,6 +45,7 @@ from .results import ScoreResult
 from .scorers.base import Scorer, ScoringInput
 from .scorers.registry import ScorerRegistry
 from .scores import PartitionScores, StepSpans
+from .versions import DEFAULT_VERSION_ATTRIBUTES, resolve_version, span_attributes_read
 
 log = logging.getLogger("stepwatch")
 partition_log = logging.getLogger("stepwatch.partitions")  # sampled (stepwatch.logs)
@@ -81,6 +82,8 @@ class TenantKeys(Protocol):
 @dataclass(frozen=True, slots=True)
 class EngineSettings:
     task_key_attributes: tuple[str, ...]
+    version_attributes: tuple[str, ...] = DEFAULT_VERSION_ATTRIBUTES
+    """Where a partition's version is found (evaluator/versions.py); empty: no version."""
     workers: int = 1
     max_pending_partitions: int = 1000
     """Partitions that may wait on async (judge) scorers at once; beyond it they are not_scored."""
@@ -185,8 +188,8 @@ class EvaluationEngine:
         self.judge_runner = judge_runner
         # the local judge is CPU only: it runs in the worker; remote judges await on the loop
         self._judge_in_worker = judge_runner is not None and judge_runner.judge.backend == "local"
-        keys = settings.task_key_attributes
-        self._scoring_attributes = {io: scoring_attributes(keys, step_io=io) for io in (True, False)}
+        reads = (*settings.task_key_attributes, *span_attributes_read(settings.version_attributes))
+        self._scoring_attributes = {io: scoring_attributes(reads, step_io=io) for io in (True, False)}
         self._selections: dict[int, tuple[ExpectationsStore, AttributeSelection | None]] = {}
         self._scorer_lists: dict[int, tuple[Expectation | None, ScorerRegistry, tuple[Scorer, ...]]] = {}
         self._judging: dict[str, asyncio.Task[None]] = {}  # partition id -> revision awaiting async scorers
@@ -452,6 +455,7 @@ class EvaluationEngine:
             span_count=len(partition.spans),
             results=tuple(done.results),
             expectation_version=expectation.version if expectation is not None else None,
+            version=resolve_version(partition.spans, settings.version_attributes),
             scored_at_unix_nano=time.time_ns(),
             last_span_monotonic=closed.last_arrival,
             scored_spans=(

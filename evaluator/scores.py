@@ -99,6 +99,9 @@ class PartitionScores:
     span_count: int
     results: tuple[ScoreResult, ...]
     expectation_version: str | None = None
+    version: str | None = None
+    """The agent version that produced the partition (evaluator/versions.py), as found; None when
+    no `partitioning.version_attributes` entry was present. Exporters bound its label values."""
     scored_at_unix_nano: int = 0
     last_span_monotonic: float = 0.0
     """When the partition's last span arrived (monotonic), for last-span-to-score latency."""

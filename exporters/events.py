@@ -54,6 +54,12 @@ class ScoreEvent(BaseModel):
     )
     session_id: str | None = Field(default=None, description="The session id, when the partition has one.")
     task_key: str | None = Field(default=None, description="The task key the expectation was looked up by.")
+    version: str | None = Field(
+        default=None,
+        description="The agent version of the partition, as found on its root span or resource "
+        "(partitioning.version_attributes), unbounded (the metrics' `version` label is bounded); "
+        "null when none was present.",
+    )
     metric: str = Field(description="The scorer's name, e.g. agent.step_accuracy.")
     score: float | None = Field(description="The score, or null when not scored or on error.")
     passed: bool | None = Field(description="Whether the score met the threshold; null when not applicable.")
@@ -170,6 +176,7 @@ def make_score_event(
     expectation_version: str | None,
     include_payloads: bool,
     scored_at: datetime,
+    version: str | None = None,
 ) -> ScoreEvent:
     """One ScoreResult on one partition revision as the event every score stream receives."""
     details = strip_content(result.metadata, include_payloads)
@@ -187,6 +194,7 @@ def make_score_event(
         root_span_id=root_span,
         session_id=session_id,
         task_key=task_key,
+        version=version,
         metric=result.metric,
         score=score,
         passed=result.passed if score is not None else None,

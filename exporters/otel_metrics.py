@@ -6,7 +6,8 @@ Prometheus exporter and stepwatch's /metrics never produce the same series):
   gen_ai.evaluation.score    histogram, unit 1     one point per score (no score, no point)
   gen_ai.evaluation.results  counter, unit {result} one per evaluation, split by outcome
 Attributes (bounded): gen_ai.evaluation.name, gen_ai.evaluation.score.label, stepwatch.task_key,
-stepwatch.partition.type, and on the counter stepwatch.evaluation.outcome.
+stepwatch.partition.type, stepwatch.partition.version (the Prometheus `version` label's rule,
+task_keys.VersionCap), and on the counter stepwatch.evaluation.outcome.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .buckets import SCORE_BUCKETS
 from .config import OtelMetricsExporterConfig
 from .events import ScoreEvent
 from .otlp import BoundedValues, SdkProviderStream, default_resource, otlp_metric_exporter
-from .task_keys import TaskKeyCap
+from .task_keys import TaskKeyCap, VersionCap
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ ATTR_NAME = "gen_ai.evaluation.name"
 ATTR_LABEL = "gen_ai.evaluation.score.label"
 ATTR_TASK_KEY = "stepwatch.task_key"
 ATTR_PARTITION_TYPE = "stepwatch.partition.type"
+ATTR_VERSION = "stepwatch.partition.version"
 ATTR_OUTCOME = "stepwatch.evaluation.outcome"
 
 _LABELS = frozenset({"pass", "fail"})
@@ -62,11 +64,15 @@ class OtelMetricsExporter(SdkProviderStream):
         resource: Resource | None = None,
         metric_exporter: MetricExporter | None = None,
         is_registered: Callable[[str], bool] | None = None,
+        max_versions_per_task: int = 5,
     ) -> None:
         """With `is_registered` (the service's expectations lookup) task keys follow the Prometheus
         rule (task_keys.TaskKeyCap): registered keys up to max_task_keys keep their value, everything
         else is `unregistered`, and a reload frees removed keys' slots (expectations_reloaded).
-        Without it, the first max_task_keys distinct keys are kept (`_other`)."""
+        Without it, the first max_task_keys distinct keys are kept (`_other`).
+        `max_versions_per_task`: version values per task key, as exporters.prometheus's (VersionCap).
+        The SDK cannot delete a series, so a version that gave way keeps exporting its last
+        cumulative points (bounded by `cardinality_limit`); its new points go to `other`."""
         self.config = config
         self._resource = resource or default_resource()
         self._metric_exporter = metric_exporter
@@ -76,6 +82,7 @@ class OtelMetricsExporter(SdkProviderStream):
             else BoundedValues(config.max_task_keys)
         )
         self._metric_name = BoundedValues(config.max_metrics)
+        self._version = VersionCap(max_versions_per_task)
         self._provider: MeterProvider | None = None
         self._histogram: Histogram | None = None
         self._counter: Counter | None = None
@@ -119,17 +126,19 @@ class OtelMetricsExporter(SdkProviderStream):
         so a removed key cannot hold a slot of the cap forever. The SDK cannot delete a series: the
         removed key's cumulative points are still exported (its `cardinality_limit` bounds them)."""
         if ok and isinstance(self._task_key, TaskKeyCap):
-            self._task_key.forget_unregistered()
+            self._version.forget(self._task_key.forget_unregistered())
 
     def export(self, event: ScoreEvent) -> None:
         """Record one event; in-memory aggregation only, never blocks."""
         if self._histogram is None or self._counter is None:
             return
+        task = self._task_key(event.task_key)
         attributes = {
             ATTR_NAME: self._metric_name(event.metric),
             ATTR_LABEL: score_label(event),
-            ATTR_TASK_KEY: self._task_key(event.task_key),
+            ATTR_TASK_KEY: task,
             ATTR_PARTITION_TYPE: event.partition_type,
+            ATTR_VERSION: self._version(task, event.version),
         }
         if event.score is not None:
             self._histogram.record(event.score, attributes)

@@ -3,6 +3,9 @@ telemetry component's, exporters/telemetry.py, which serves it). Names are the c
 docs/metrics.md. `task_key` label values are bounded: unregistered keys, and registered keys beyond
 `max_task_keys`, share the value `unregistered`. A key removed from the expectations by a reload
 loses its score series and frees its label slot (docs/metrics.md, "Task keys and reloads").
+`version` label values are bounded per task key (task_keys.VersionCap): a version that gives its
+slot to a newer one loses its score series, and its later partitions count under `other`
+(docs/metrics.md, "Versions").
 Each `stepwatch_evaluation_score_ratio` observation carries an exemplar (`trace_id`, `span_id`)
 that the OpenMetrics exposition shows (docs/metrics.md, "Exemplars").
 """
@@ -30,7 +33,7 @@ from .series import (
     created_series_enabled,
 )
 from .step_outcomes import StepOutcomeMetrics
-from .task_keys import UNREGISTERED, TaskKeyCap
+from .task_keys import UNREGISTERED, TaskKeyCap, VersionCap
 
 GENERIC_LATENCY_BUCKETS: tuple[float, ...] = (
     0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0, 120.0,
@@ -71,8 +74,8 @@ class PrometheusExporter:
 
     name = "prometheus"
     capabilities = Capabilities(carries_content=False, follows_expectations=True)
-    """Only metric names, task keys, partition types, tenants and numbers leave through /metrics, so
-    PrivateSink hands events over without stripping step content from them."""
+    """Only metric names, task keys, partition types, versions, tenants and numbers leave through
+    /metrics, so PrivateSink hands events over without stripping step content from them."""
 
     def __init__(
         self,
@@ -84,12 +87,14 @@ class PrometheusExporter:
         trace_idle_timeout: float = 2.0,
         session_idle_timeout: float = 30.0,
         max_steps_per_task: int = 50,
+        max_versions_per_task: int = 5,
         registry: CollectorRegistry | None = None,
     ) -> None:
         """`tenant_label`: score metrics also carry `tenant` (from the event's attributes); only
         when tenancy is on, so single-tenant dashboards and rules keep their label set.
         `max_steps_per_task`: step (rule) label values per task key in the per-step families
         (step_outcomes.py).
+        `max_versions_per_task`: `version` label values per task key (task_keys.VersionCap).
         `trace_idle_timeout`, `session_idle_timeout`: the buffer's, so the latency histogram has
         fine buckets where partitions are scored (latency_buckets)."""
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -103,7 +108,10 @@ class PrometheusExporter:
         """Score children by (metric, *labels): (histogram, last-score gauge) for the ratio family,
         (histogram, None) for the statistics; only for label sets that had a score (a child alone
         would expose an empty series)."""
-        labels = ["metric", "task_key", "partition_type", *(["tenant"] if tenant_label else [])]
+        self._version_keys: dict[tuple[str, str], list[tuple[str, ...]]] = {}
+        """(task, version) -> the `_counted` keys and `_scored` label sets holding that version, so
+        a version that gives way drops its series without a scan of every child."""
+        labels = ["metric", "task_key", "partition_type", "version", *(["tenant"] if tenant_label else [])]
         created = created_series_enabled()
         # the series every scored partition updates: plain numbers, no lock (series.py)
         self.last_score = GaugeSeries(
@@ -149,6 +157,27 @@ class PrometheusExporter:
         for result in ("ok", "error"):
             self.reloads.labels(result)
         self.steps = StepOutcomeMetrics(max_steps_per_task, tenant_label, created, self.registry)
+        self.version_overflow = CounterSeries(
+            "stepwatch_version_label_overflow",
+            'Scored partition revisions counted under version="other": their version had given its '
+            "slot to a newer one (exporters.prometheus.max_versions_per_task).",
+            (),
+            created,
+        )
+        self.version_evictions = CounterSeries(
+            "stepwatch_version_label_evictions",
+            "Versions that gave their slot (and their score series) to a newer version of the same task key.",
+            (),
+            created,
+        )
+        for series in (self.version_overflow, self.version_evictions):
+            self.registry.register(series)
+        self._versions = VersionCap(
+            max_versions_per_task,
+            self._drop_version,
+            folded=self.version_overflow.child(()),
+            evicted=self.version_evictions.child(()),
+        )
 
     def task_label(self, task_key: str | None) -> str:
         """The bounded label value for a task key (task_keys.TaskKeyCap)."""
@@ -173,43 +202,62 @@ class PrometheusExporter:
         if not gone:
             return []
         gone_labels = gone - {UNREGISTERED}  # a key named like the shared value keeps that value's series
+        self._versions.forget(gone_labels)
+        for pair in [pair for pair in self._version_keys if pair[0] in gone_labels]:
+            del self._version_keys[pair]
         for key in [key for key in self._counted if key[1] in gone_labels]:
             del self._counted[key]
             self.evaluations.remove(*key)
         for key in [key for key in self._scored if key[1] in gone_labels]:
-            del self._scored[key]
-            family = family_of(key[0])
-            if family.per_metric:
-                self.last_score.remove(*key)
-                self.histograms[family.name].remove(*key)
-            else:
-                self.histograms[family.name].remove(*key[1:])
+            self._remove_scored(key)
         self.steps.forget(gone_labels)
         return sorted(gone)
+
+    def _remove_scored(self, labels: tuple[str, ...]) -> None:
+        del self._scored[labels]
+        family = family_of(labels[0])
+        if family.per_metric:
+            self.last_score.remove(*labels)
+            self.histograms[family.name].remove(*labels)
+        else:
+            self.histograms[family.name].remove(*labels[1:])
+
+    def _drop_version(self, task: str, version: str) -> None:
+        """A version gave its slot to a newer one (VersionCap): its series go, as a removed task
+        key's do; Prometheus marks them stale, rate()/increase() over their past samples hold."""
+        for key in self._version_keys.pop((task, version), ()):
+            if key in self._counted:  # (metric, task, type, version, *tenant, outcome)
+                del self._counted[key]
+                self.evaluations.remove(*key)
+            elif key in self._scored:
+                self._remove_scored(key)
 
     async def start(self) -> None:
         return None
 
     async def export(self, events: Sequence[PartitionScores]) -> None:
         now = self._clock()
-        counted, scored = self._counted, self._scored
+        counted, scored, versions = self._counted, self._scored, self._versions
         for event in events:
             task = self.task_label(event.task_key if event.registered else None)
+            version = versions(task, event.version)
             tenant = (event.attributes.get("tenant", "default"),) if self._tenant_label else ()
             partition_type = event.partition_type
             exemplar: ExemplarSource | Literal[False] | None = False  # made at the first ratio score
             for result in event.results:
-                labels = (result.metric, task, partition_type, *tenant)
+                labels = (result.metric, task, partition_type, version, *tenant)
                 key = (*labels, result.outcome)
                 counter = counted.get(key)
                 if counter is None:
                     counter = counted[key] = self.evaluations.child(key)
+                    self._version_keys.setdefault((task, version), []).append(key)
                 counter[0] += 1.0
                 score = result.score
                 if score is not None:
                     children = scored.get(labels)
                     if children is None:
                         children = scored[labels] = self._score_children(labels)
+                        self._version_keys.setdefault((task, version), []).append(labels)
                     value = exposed_value(result.metric, score)
                     histogram, gauge = children
                     if gauge is None:  # a statistic's family: no exemplars

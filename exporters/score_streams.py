@@ -51,6 +51,7 @@ def wire_events(scores: PartitionScores, config: ScoreEventConfig) -> list[Score
             expectation_version=scores.expectation_version,
             include_payloads=config.include_payloads,
             scored_at=scored_at,
+            version=scores.version,
         )
         for result in scores.results
     ]
@@ -167,8 +168,10 @@ def build_score_streams(
     otel_events: OtelEventsExporterConfig,
     registry: CollectorRegistry,
     is_registered: Callable[[str], bool] | None = None,
+    max_versions_per_task: int = 5,
 ) -> list[ScoreStream]:
-    """The enabled streams, ready to pass to Service(exporters=...); they share one conversion."""
+    """The enabled streams, ready to pass to Service(exporters=...); they share one conversion.
+    `max_versions_per_task`: the Prometheus exporter's bound, which the OTel metrics follow."""
     inner: list[ScoreEventExporter] = []
     if kafka.enabled:
         from .kafka import KafkaScoreExporter
@@ -177,7 +180,11 @@ def build_score_streams(
     if otel_metrics.enabled:
         from .otel_metrics import OtelMetricsExporter
 
-        inner.append(OtelMetricsExporter(otel_metrics, is_registered=is_registered))
+        inner.append(
+            OtelMetricsExporter(
+                otel_metrics, is_registered=is_registered, max_versions_per_task=max_versions_per_task
+            )
+        )
     if otel_events.enabled:
         from .otel_events import OtelEventsExporter
 

@@ -14,14 +14,21 @@ def new_trace_id() -> bytes:
 
 
 def trace_request(
-    trace_ids: list[bytes], spans_per_trace: int = 3, session: str | None = None
+    trace_ids: list[bytes],
+    spans_per_trace: int = 3,
+    session: str | None = None,
+    *,
+    root_attributes: dict[str, str] | None = None,
+    child_attributes: dict[str, str] | None = None,
+    resource: dict[str, str] | None = None,
 ) -> ExportTraceServiceRequest:
-    """One request holding `spans_per_trace` spans of each trace; the last span of each is its root."""
+    """One request holding `spans_per_trace` spans of each trace; the last span of each is its root.
+    `root_attributes` / `child_attributes`: string attributes of the roots / the other spans;
+    `resource`: resource attributes besides `service.name`."""
     request = ExportTraceServiceRequest()
     resource_spans = request.resource_spans.add()
-    resource_spans.resource.attributes.append(
-        KeyValue(key="service.name", value=AnyValue(string_value="agent"))
-    )
+    for key, value in {"service.name": "agent", **(resource or {})}.items():
+        resource_spans.resource.attributes.append(KeyValue(key=key, value=AnyValue(string_value=value)))
     scope = resource_spans.scope_spans.add()
     scope.scope.name = "tests"
     for trace_id in trace_ids:
@@ -39,6 +46,8 @@ def trace_request(
             span.end_time_unix_nano = 1_767_225_600_000_000_000 + index + 10
             if session is not None:
                 span.attributes.append(KeyValue(key="session.id", value=AnyValue(string_value=session)))
+            for key, value in ((root_attributes if last else child_attributes) or {}).items():
+                span.attributes.append(KeyValue(key=key, value=AnyValue(string_value=value)))
     return request
 
 

@@ -75,6 +75,19 @@ def test_env_lists_and_nested_sections() -> None:
             {"STEPWATCH_DEBUG_PAGES__TRACE_URL_TEMPLATE": "javascript:{trace_id}"},
             "must be an http:// or https:// URL",
         ),
+        (
+            "partitioning:\n  version_attributes: ['@gen_ai.response.model']\n",
+            {},
+            "partitioning.version_attributes (from {path}): unknown version recipe "
+            "'@gen_ai.response.model'; known: @gen_ai.request.model",
+        ),
+        ("partitioning:\n  version_attributes: ['']\n", {}, "entries must not be empty"),
+        (
+            "",
+            {"STEPWATCH_EXPORTERS__PROMETHEUS__MAX_VERSIONS_PER_TASK": "0"},
+            "exporters.prometheus.max_versions_per_task (from STEPWATCH_EXPORTERS__PROMETHEUS__MAX_VERSIONS_PER_TASK): "
+            "Input should be greater than or equal to 1",
+        ),
     ],
 )
 def test_errors_name_the_key_and_source(tmp_path, text: str, env: dict[str, str], message: str) -> None:
@@ -83,6 +96,31 @@ def test_errors_name_the_key_and_source(tmp_path, text: str, env: dict[str, str]
     with pytest.raises(ConfigError) as info:
         load_config(path, env)
     assert message.format(path=path) in str(info.value)
+
+
+def test_the_version_dimension_defaults_and_recipes() -> None:
+    """service.version by default, 5 versions per task key; the model recipe and an agent-version
+    list are accepted, from the environment too."""
+    config = load_config(environ={})
+    assert config.partitioning.version_attributes == ["service.version"]
+    assert config.exporters.prometheus.max_versions_per_task == 5
+    env = {
+        "STEPWATCH_PARTITIONING__VERSION_ATTRIBUTES": '["@gen_ai.request.model", gen_ai.agent.version, service.version]',
+        "STEPWATCH_EXPORTERS__PROMETHEUS__MAX_VERSIONS_PER_TASK": "8",
+    }
+    config = load_config(environ=env)
+    assert config.partitioning.version_attributes == [
+        "@gen_ai.request.model",
+        "gen_ai.agent.version",
+        "service.version",
+    ]
+    assert config.exporters.prometheus.max_versions_per_task == 8
+    assert (
+        load_config(
+            environ={"STEPWATCH_PARTITIONING__VERSION_ATTRIBUTES": "[]"}
+        ).partitioning.version_attributes
+        == []
+    )
 
 
 def test_endpoints() -> None:

@@ -28,6 +28,7 @@ _DEFAULT_LABEL_VALUES = {
     "limit": ("spans_per_request",),
     "step": ("check_budget",),
     "rule": ("must_call: check_budget",),
+    "version": ("1.4.0", "1.5.0"),  # two, so each version has others to be compared with
 }
 # What Grafana substitutes for the dashboard's variables when "All" is selected.
 _GRAFANA_VARIABLES = {

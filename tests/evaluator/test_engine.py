@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from otlp_requests import trace_request
 
 from stepwatch.evaluator.accounting import SpanAccounting
 from stepwatch.evaluator.backlog import ScoringBacklog
-from stepwatch.evaluator.buffer import BufferLimits, PartitionBuffer
+from stepwatch.evaluator.buffer import BufferLimits, PartitionBuffer, SpanRecord
 from stepwatch.evaluator.clock import ManualClock
 from stepwatch.evaluator.engine import EngineSettings, EvaluationEngine
 from stepwatch.evaluator.expectations.store import ExpectationsStore, parse_expectations
-from stepwatch.evaluator.model import new_step
+from stepwatch.evaluator.model import Span, new_step
 from stepwatch.evaluator.partitioning import build_partition
+from stepwatch.evaluator.pipeline import AttributeSelection
 from stepwatch.evaluator.results import ScoreResult
 from stepwatch.evaluator.scorers.base import ScoringInput
 from stepwatch.evaluator.scorers.registry import ScorerEntry, ScorerRegistry
@@ -25,7 +28,7 @@ from stepwatch.evaluator.trajectory_build import build_trajectory_from_spans
 from stepwatch.exporters.config import ScoreEventConfig
 from stepwatch.exporters.prometheus import PrometheusExporter
 from stepwatch.exporters.score_streams import wire_events
-from stepwatch.receiver.codec.records import decode_records
+from stepwatch.receiver.codec.records import decode_records, decode_records_for_limits
 from stepwatch.receiver.ingest import Ingestor
 
 
@@ -50,6 +53,12 @@ class _SpanCount:
         return ScoreResult(metric=self.name, score=float(len(inp.partition.spans)))
 
 
+class _SelectiveSpanCount(_SpanCount):
+    """Reads only the scoring attributes, so the engine decodes a selection of them."""
+
+    reads_span_attributes = False
+
+
 class _SlowJudge:
     """An async scorer whose answer for a partition's first revision comes last."""
 
@@ -66,25 +75,34 @@ class _SlowJudge:
 
 class _Rig:
     def __init__(
-        self, *, tasks: str = "tasks: {}", async_judge: bool = False, guard_reason: str | None = None
+        self,
+        *,
+        tasks: str = "tasks: {}",
+        async_judge: bool = False,
+        guard_reason: str | None = None,
+        version_attributes: tuple[str, ...] | None = None,
+        span_count_reads_attributes: bool = True,
     ):
         self.clock = ManualClock()
         self.accounting = SpanAccounting()
         limits = BufferLimits(trace_idle_timeout=1.0, session_idle_timeout=5.0, late_span_window=30.0)
         self.buffer = PartitionBuffer(limits, self.accounting, self.clock.monotonic)
         self.ingestor = Ingestor(self.buffer, self.accounting, 1.0)
-        entries = {"span_count": ScorerEntry(lambda e: _SpanCount())}
+        counter = _SpanCount if span_count_reads_attributes else _SelectiveSpanCount
+        entries = {"span_count": ScorerEntry(lambda e: counter())}
         if async_judge:
             entries["slow_judge"] = ScorerEntry(lambda e: _SlowJudge())
         self.events: list[PartitionScores] = []
         self.released: list[bytes] = []
+        self.selections: list[AttributeSelection | None] = []
         store = parse_expectations(tasks, "tasks.yaml")
+        versions = {} if version_attributes is None else {"version_attributes": version_attributes}
         self.engine = EvaluationEngine(
             self.buffer,
             ScorerRegistry(entries),
             ScoringBacklog(10_000, 0.1),
-            EngineSettings(task_key_attributes=("aip.task.key",)),
-            decode=lambda records, selection: decode_records(records),
+            EngineSettings(task_key_attributes=("aip.task.key",), **versions),
+            decode=self._decode,
             tenants=_OneTenant(),
             expectations=lambda tenant: store,
             guard=lambda inp: guard_reason,
@@ -92,8 +110,16 @@ class _Rig:
             release=self.released.extend,
         )
 
-    def send(self, trace_id: bytes, spans: int, session: str | None = None) -> None:
-        result = self.ingestor.consume(trace_request([trace_id], spans, session), "grpc")
+    def _decode(self, records: Sequence[SpanRecord], selection: AttributeSelection | None) -> list[Span]:
+        """The whole spans, or only the selected attributes as the service's selective decoder
+        gives them (records.decode_records_for_limits), so a test sees what a selection drops."""
+        self.selections.append(selection)
+        if selection is None:
+            return decode_records(records)
+        return decode_records_for_limits(records, selection, 128, 1 << 20, 64)[0]
+
+    def send(self, trace_id: bytes, spans: int, session: str | None = None, **request: Any) -> None:
+        result = self.ingestor.consume(trace_request([trace_id], spans, session, **request), "grpc")
         assert result.accepted == spans
 
     def close(self) -> None:
@@ -167,6 +193,7 @@ async def test_missing_expected_steps_fail_not_pass_silently() -> None:
             "metric": "agent.step_accuracy",
             "task_key": "agent.run",
             "partition_type": "trace",
+            "version": "unknown",
             "outcome": "error",
         },
     )
@@ -180,6 +207,51 @@ async def test_missing_expected_steps_fail_not_pass_silently() -> None:
     quiet.close()
     await quiet.engine.wait_idle()
     assert "agent.step_accuracy" not in {r.metric for r in quiet.events[0].results}
+
+
+@pytest.mark.parametrize("selective", [False, True], ids=["whole", "selected attributes"])
+async def test_each_event_carries_its_partitions_version(selective: bool) -> None:
+    """The version is resolved once per partition onto PartitionScores: the root span's attribute
+    first when listed first, else the resource's; none found: None. With a selection (no scorer
+    reads other span attributes) the decoder keeps the version attributes too."""
+    rig = _Rig(
+        version_attributes=("gen_ai.agent.version", "service.version"),
+        span_count_reads_attributes=not selective,
+    )
+    agent, resource_only, neither = os.urandom(16), os.urandom(16), os.urandom(16)
+    rig.send(
+        agent, 3, root_attributes={"gen_ai.agent.version": "agent-2"}, resource={"service.version": "1.4.0"}
+    )
+    rig.send(resource_only, 3, resource={"service.version": "1.5.0"})
+    rig.send(neither, 3)
+    rig.close()
+    await rig.engine.wait_idle()
+    assert {e.partition_id: e.version for e in rig.events} == {
+        agent.hex(): "agent-2",
+        resource_only.hex(): "1.5.0",
+        neither.hex(): None,
+    }
+    selection = rig.selections[0]
+    assert (selection is not None) is selective
+    if selection is not None:
+        assert "gen_ai.agent.version" in selection and "service.version" in selection
+        assert "gen_ai.request.model" not in selection  # only the model recipe reads it
+
+
+async def test_the_default_version_is_service_version_and_the_model_recipe_reads_llm_spans() -> None:
+    default = _Rig(span_count_reads_attributes=False)
+    trace = os.urandom(16)
+    default.send(trace, 3, resource={"service.version": "3.0"}, root_attributes={"gen_ai.agent.version": "x"})
+    default.close()
+    await default.engine.wait_idle()
+    assert [e.version for e in default.events] == ["3.0"]
+
+    model = _Rig(version_attributes=("@gen_ai.request.model",), span_count_reads_attributes=False)
+    model.send(os.urandom(16), 4, child_attributes={"gen_ai.request.model": "gpt-4o-mini"})
+    model.close()
+    await model.engine.wait_idle()
+    assert [e.version for e in model.events] == ["gpt-4o-mini"]
+    assert "gen_ai.request.model" in model.selections[0]  # type: ignore[operator]
 
 
 async def test_revisions_leave_in_order_even_when_the_later_one_is_judged_first() -> None:

@@ -300,6 +300,13 @@ def test_the_evaluation_event_explains_with_the_reason_line() -> None:
     assert attributes["gen_ai.evaluation.explanation"] == "1 of 1 expected steps matched"
 
 
+def test_the_evaluation_event_carries_the_raw_version_when_found() -> None:
+    event = make_event(0, 0)
+    assert "stepwatch.partition.version" not in event_attributes(event, 4096)
+    versioned = event.model_copy(update={"version": "1.5.0-canary.3"})
+    assert event_attributes(versioned, 4096)["stepwatch.partition.version"] == "1.5.0-canary.3"
+
+
 async def test_session_event_uses_first_trace_root_and_conversation_id_over_http(
     http_sink: tuple[OtlpSink, str],
 ) -> None:

@@ -62,7 +62,12 @@ async def test_a_key_removed_by_a_reload_loses_its_series_and_frees_its_slot() -
     exporter.expectations_reloaded(True)
     assert task_keys(exporter) == {"search"}
     sample = exporter.registry.get_sample_value
-    labels = {"metric": "agent.step_accuracy", "task_key": "search", "partition_type": "trace"}
+    labels = {
+        "metric": "agent.step_accuracy",
+        "task_key": "search",
+        "partition_type": "trace",
+        "version": "unknown",
+    }
     assert sample("stepwatch_evaluation_last_score_ratio", labels) == 0.5
     assert sample("stepwatch_evaluations_total", {**labels, "outcome": "fail"}) == 1.0
     gone = {**labels, "task_key": "refund"}
@@ -88,7 +93,7 @@ async def test_a_rejected_reload_keeps_every_series() -> None:
 
 
 STEP = ScoreResult(metric="agent.step_accuracy", score=0.5, passed=False)
-LABELS = {"metric": "agent.step_accuracy", "partition_type": "trace"}
+LABELS = {"metric": "agent.step_accuracy", "partition_type": "trace", "version": "unknown"}
 
 
 def fails(exporter: PrometheusExporter, task_key: str) -> float | None:
@@ -196,7 +201,7 @@ async def test_each_unit_has_its_own_family_and_plan_adherence_is_a_ratio() -> N
         ]
     )
     sample = exporter.registry.get_sample_value
-    where = {"task_key": "refund", "partition_type": "trace"}
+    where = {"task_key": "refund", "partition_type": "trace", "version": "unknown"}
     plan = {**where, "metric": "plan_adherence"}
     assert sample("stepwatch_evaluation_score_ratio_sum", plan) == 0.8
     assert sample("stepwatch_evaluation_last_score_ratio", plan) == 0.8
@@ -308,3 +313,126 @@ def test_the_exemplar_source_is_the_first_trace_and_its_root_span() -> None:
     assert exemplar_source(session) == (OTHER, None, 0)
     assert exemplar_source(replace(base, trace_ids=())) == (TRACE, None, 0)  # a trace is its own id
     assert exemplar_source(replace(session, trace_ids=())) is None  # a session with no trace: none
+
+
+# -- the version label ----------------------------------------------------------------------------
+
+
+def versioned(version: str | None, *results: ScoreResult, partition_id: str = "p") -> PartitionScores:
+    return replace(scores("refund", *results, partition_id=partition_id), version=version)
+
+
+def versions_in(exporter: PrometheusExporter) -> dict[str, set[str]]:
+    """Family -> the version label values its samples carry."""
+    found: dict[str, set[str]] = {}
+    for family in exporter.registry.collect():
+        for sample in family.samples:
+            if "version" in sample.labels:
+                found.setdefault(family.name, set()).add(sample.labels["version"])
+    return found
+
+
+STATS = ScoreResult(metric="trajectory.step_count", score=4.0)
+SCORE_FAMILIES = {
+    "stepwatch_evaluation_score_ratio",
+    "stepwatch_evaluation_last_score_ratio",
+    "stepwatch_evaluations",
+    "stepwatch_trajectory_steps",
+}
+
+
+async def test_each_version_has_its_own_series_in_every_score_family() -> None:
+    exporter = PrometheusExporter(max_task_keys=10, registered={"refund"}.__contains__)
+    passed = ScoreResult(metric="agent.step_accuracy", score=1.0, passed=True)
+    await exporter.export(
+        [
+            versioned("1.4.0", passed, STATS),
+            versioned("1.5.0", STEP, STATS, partition_id="q"),
+            versioned(None, STEP, partition_id="r"),
+        ]
+    )
+    sample = exporter.registry.get_sample_value
+    old, new = (
+        {**LABELS, "task_key": "refund", "version": "1.4.0"},
+        {**LABELS, "task_key": "refund", "version": "1.5.0"},
+    )
+    assert sample("stepwatch_evaluations_total", {**old, "outcome": "pass"}) == 1.0
+    assert sample("stepwatch_evaluations_total", {**old, "outcome": "fail"}) is None
+    assert sample("stepwatch_evaluations_total", {**new, "outcome": "fail"}) == 1.0
+    assert sample("stepwatch_evaluation_last_score_ratio", old) == 1.0
+    assert sample("stepwatch_evaluation_last_score_ratio", new) == 0.5
+    assert sample("stepwatch_evaluation_score_ratio_sum", new) == 0.5
+    steps = {"task_key": "refund", "partition_type": "trace"}
+    assert sample("stepwatch_trajectory_steps_count", {**steps, "version": "1.4.0"}) == 1.0
+    assert sample("stepwatch_trajectory_steps_count", {**steps, "version": "1.5.0"}) == 1.0
+    # no version found: `unknown`
+    assert sample("stepwatch_evaluation_last_score_ratio", {**old, "version": "unknown"}) == 0.5
+    found = versions_in(exporter)
+    assert set(found) == SCORE_FAMILIES
+    assert found["stepwatch_evaluations"] == {"1.4.0", "1.5.0", "unknown"}
+
+
+async def test_a_version_that_gives_way_loses_its_series_and_later_counts_as_other() -> None:
+    exporter = PrometheusExporter(
+        max_task_keys=10, registered={"refund"}.__contains__, max_versions_per_task=2
+    )
+    sample = exporter.registry.get_sample_value
+    await exporter.export([versioned(v, STEP, STATS, partition_id=v) for v in ("1", "2", "3")])
+    # "1" was the least recently seen when "3" came: every series of it is gone
+    assert {family: values for family, values in versions_in(exporter).items()} == {
+        family: {"2", "3"} for family in SCORE_FAMILIES
+    }
+    assert sample("stepwatch_version_label_evictions_total") == 1.0
+    assert sample("stepwatch_version_label_overflow_total") == 0.0
+    assert ("refund", "1") not in exporter._version_keys
+
+    await exporter.export([versioned("1", STEP, STATS, partition_id="late-1"), versioned("3", STEP)])
+    other = {**LABELS, "task_key": "refund", "version": "other"}
+    assert sample("stepwatch_evaluations_total", {**other, "outcome": "fail"}) == 1.0
+    assert sample("stepwatch_evaluation_last_score_ratio", other) == 0.5
+    assert sample("stepwatch_version_label_overflow_total") == 1.0
+    assert sample("stepwatch_evaluations_total", {**other, "version": "3", "outcome": "fail"}) == 2.0
+    assert versions_in(exporter)["stepwatch_evaluations"] == {"2", "3", "other"}
+
+
+async def test_a_hundred_versions_leave_at_most_the_cap_plus_other() -> None:
+    exporter = PrometheusExporter(max_task_keys=10, registered={"refund"}.__contains__)
+    await exporter.export([versioned(f"v{i}", STEP, partition_id=f"p{i}") for i in range(100)])
+    await exporter.export([versioned(f"v{i}", STEP, partition_id=f"q{i}") for i in range(100)])
+    values = versions_in(exporter)["stepwatch_evaluations"]
+    assert values == {"other", *(f"v{i}" for i in range(95, 100))}
+    sample = exporter.registry.get_sample_value
+    assert sample("stepwatch_version_label_evictions_total") == 95.0
+    assert sample("stepwatch_version_label_overflow_total") == 95.0
+    assert len(exporter._counted) == 6 and len(exporter._scored) == 6  # no child kept for a retired version
+    total = sum(
+        s.value
+        for family in exporter.registry.collect()
+        if family.name == "stepwatch_evaluations"
+        for s in family.samples
+        if s.name == "stepwatch_evaluations_total"
+    )
+    assert total == 5 * 2 + 95  # the evicted versions' first evaluations left with their series
+
+
+async def test_a_reload_that_removes_a_task_key_frees_its_version_slots() -> None:
+    registered = {"refund"}
+    exporter = PrometheusExporter(
+        max_task_keys=10, registered=registered.__contains__, max_versions_per_task=1
+    )
+    await exporter.export([versioned("1", STEP), versioned("2", STEP, partition_id="q")])
+    registered.clear()
+    exporter.expectations_reloaded(True)
+    assert versions_in(exporter) == {}
+    assert exporter._version_keys == {}
+    registered.add("refund")
+    await exporter.export([versioned("1", STEP, partition_id="again")])  # retired before: afresh now
+    assert versions_in(exporter)["stepwatch_evaluations"] == {"1"}
+
+
+async def test_with_tenancy_the_version_sits_beside_the_tenant() -> None:
+    exporter = PrometheusExporter(max_task_keys=10, registered={"refund"}.__contains__, tenant_label=True)
+    event = replace(versioned("1.4.0", STEP), attributes={"tenant": "team-a"})
+    await exporter.export([event])
+    labels = {**LABELS, "task_key": "refund", "version": "1.4.0", "tenant": "team-a"}
+    assert exporter.registry.get_sample_value("stepwatch_evaluation_last_score_ratio", labels) == 0.5

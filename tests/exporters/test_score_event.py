@@ -36,6 +36,7 @@ FIELDS = [
     "trace_ids",
     "session_id",
     "task_key",
+    "version",
     "metric",
     "score",
     "passed",
@@ -161,6 +162,46 @@ def test_json_schema_documents_and_validates_the_wire_form() -> None:
     assert set(FIELDS) <= set(schema["required"])  # every field is always present, null or not
     assert all(prop.get("description") for prop in schema["properties"].values())
     assert schema["additionalProperties"] is False
+
+
+def test_the_version_travels_raw_in_every_wire_event_and_validates_against_the_schema() -> None:
+    """Issue 38: the partition's version as found (not the metrics' bounded value) in each wire
+    event of the revision, null when none was found; an event without the field (an older
+    Stepwatch's) still reads, as schema version 1."""
+    import jsonschema
+
+    from stepwatch.evaluator.scores import PartitionScores
+    from stepwatch.exporters.config import ScoreEventConfig
+    from stepwatch.exporters.score_streams import wire_events
+
+    scores = PartitionScores(
+        partition_type="trace",
+        partition_id="a" * 32,
+        revision=0,
+        close_reason="idle",
+        task_key="refund",
+        registered=True,
+        session_id=None,
+        trace_ids=("a" * 32,),
+        span_count=2,
+        results=(ScoreResult(metric="m1", score=1.0, passed=True), ScoreResult(metric="m2", error="boom")),
+        version="2026.01.3-rc.7+build.991",
+    )
+    events = wire_events(scores, ScoreEventConfig())
+    assert [e.version for e in events] == ["2026.01.3-rc.7+build.991"] * 2
+    schema = score_event_json_schema()
+    assert "version" in schema["properties"]["version"]["description"]
+    for event in events:
+        wire = json.loads(event.to_json_bytes())
+        assert wire["version"] == "2026.01.3-rc.7+build.991" and wire["schema_version"] == 1
+        jsonschema.validate(wire, schema)
+    from dataclasses import replace
+
+    (none, _) = wire_events(replace(scores, version=None), ScoreEventConfig())
+    assert json.loads(none.to_json_bytes())["version"] is None
+    older = json.loads(events[0].to_json_bytes())
+    del older["version"]
+    assert ScoreEvent.model_validate(older).version is None
 
 
 def test_the_structured_explanation_travels_whole_and_validates_against_the_schema() -> None:

@@ -25,7 +25,12 @@ from stepwatch.exporters.config import (
     ScoreEventConfig,
 )
 from stepwatch.exporters.events import ScoreEvent
-from stepwatch.exporters.otel_metrics import RESULTS_COUNTER, OtelMetricsExporter
+from stepwatch.exporters.otel_metrics import (
+    ATTR_VERSION,
+    RESULTS_COUNTER,
+    SCORE_HISTOGRAM,
+    OtelMetricsExporter,
+)
 from stepwatch.exporters.private_sink import PrivateSink
 from stepwatch.exporters.prometheus import PrometheusExporter
 from stepwatch.exporters.score_streams import ScoreStream, SharedWireEvents, build_score_streams, wire_events
@@ -82,6 +87,22 @@ class CapturingMetricExporter(MetricExporter):
     def shutdown(self, timeout_millis: float = 30_000, **_: Any) -> None:
         return None
 
+    def points(self, name: str = RESULTS_COUNTER) -> dict[tuple[str, str], float]:
+        """(task key, version) -> the summed value of `name`'s points in the last export."""
+        found: dict[tuple[str, str], float] = {}
+        for resource in self.batches[-1].resource_metrics:
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    if metric.name != name:
+                        continue
+                    for point in metric.data.data_points:
+                        key = (
+                            str(point.attributes["stepwatch.task_key"]),
+                            str(point.attributes[ATTR_VERSION]),
+                        )
+                        found[key] = found.get(key, 0.0) + getattr(point, "value", getattr(point, "count", 0))
+        return found
+
     def task_keys(self) -> set[str]:
         """stepwatch.task_key values on the outcome counter in the last export."""
         return {
@@ -122,6 +143,52 @@ async def test_a_key_removed_by_a_reload_frees_its_otel_slot() -> None:
         await stream.export([replace(partition_scores("book", registered=True), revision=3)])
         assert await stream.inner.force_flush()
         assert "book" in captured.task_keys()  # the freed slot went to the registered key
+    finally:
+        await stream.shutdown()
+
+
+async def test_prometheus_and_otel_metrics_label_versions_alike() -> None:
+    """One rule (VersionCap) for both: the same sequence of versions gives the same values."""
+    registered = {"refund"}
+    sequence = ["1", "2", None, "1", "3", "2", "4", "1", "3"]
+    prometheus = PrometheusExporter(
+        max_task_keys=10, registered=registered.__contains__, max_versions_per_task=3
+    )
+    otel = OtelMetricsExporter(
+        OtelMetricsExporterConfig(max_task_keys=10),
+        is_registered=registered.__contains__,
+        max_versions_per_task=3,
+    )
+    # "3" pushes out "2" (seen before "unknown" and "1" again), "4" pushes out "unknown"
+    expected = ["1", "2", "unknown", "1", "3", "other", "4", "1", "3"]
+    assert [prometheus._versions("refund", v) for v in sequence] == expected
+    assert [otel._version("refund", v) for v in sequence] == expected
+
+
+async def test_the_otel_score_metrics_carry_the_bounded_version() -> None:
+    registered = {"refund"}
+    captured = CapturingMetricExporter()
+    config = OtelMetricsExporterConfig.model_validate({"enabled": True, "export_interval_seconds": 3600})
+    stream = ScoreStream(
+        OtelMetricsExporter(
+            config, metric_exporter=captured, is_registered=registered.__contains__, max_versions_per_task=1
+        ),
+        ScoreEventConfig(),
+    )
+    base = partition_scores("refund", registered=True)
+    await stream.start()
+    try:
+        for revision, version in enumerate(["1.4.0", "1.4.0", "1.5.0", "1.4.0"]):
+            await stream.export([replace(base, revision=revision, version=version)])
+        assert await stream.inner.force_flush()
+        # two metrics a revision; 1.4.0 gave its only slot to 1.5.0, its last revision is `other`.
+        # The SDK keeps 1.4.0's cumulative points (it cannot delete a series).
+        assert captured.points() == {
+            ("refund", "1.4.0"): 4.0,
+            ("refund", "1.5.0"): 2.0,
+            ("refund", "other"): 2.0,
+        }
+        assert set(captured.points(SCORE_HISTOGRAM)) == set(captured.points())
     finally:
         await stream.shutdown()
 

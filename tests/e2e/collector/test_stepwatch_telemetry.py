@@ -117,14 +117,15 @@ def test_score_metrics_and_events_reach_the_collector(otelcol_binary: Path, tmp_
         if case.sidecar["partition"] == "session":
             assert attrs["gen_ai.conversation.id"] == case.sidecar["session_id"]
 
-    # Metrics: the OTel counter equals /metrics' stepwatch_evaluations_total, series by series.
-    otel_counts: Counter[tuple[str, str, str, str]] = Counter()
+    # Metrics: the OTel counter equals /metrics' stepwatch_evaluations_total, series by series
+    # (the version too: both follow one bound, exporters/task_keys.py VersionCap).
+    otel_counts: Counter[tuple[str, str, str, str, str]] = Counter()
     for key, point in _latest_points(metrics, "gen_ai.evaluation.results").items():
         a = dict(key)
         otel_counts[(a["gen_ai.evaluation.name"], a["stepwatch.task_key"], a["stepwatch.partition.type"],
-                     a["stepwatch.evaluation.outcome"])] += point.as_int  # fmt: skip
+                     a["stepwatch.partition.version"], a["stepwatch.evaluation.outcome"])] += point.as_int  # fmt: skip
     prom_counts = {
-        (ls["metric"], ls["task_key"], ls["partition_type"], ls["outcome"]): v
+        (ls["metric"], ls["task_key"], ls["partition_type"], ls["version"], ls["outcome"]): v
         for (name, labels), v in prometheus.items()
         if name == "stepwatch_evaluations_total" and v
         for ls in [dict(labels)]

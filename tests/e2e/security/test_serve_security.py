@@ -226,14 +226,14 @@ async def test_two_tenants_same_trace_id_are_separate_partitions_with_their_own_
         assert events["team-a"].registered and not events["team-b"].registered
         assert events["team-a"].span_count == events["team-b"].span_count == 4
         text = await scrape(service)
-        labels = {"metric": "agent.step_accuracy", "partition_type": "trace"}
+        labels = {"metric": "agent.step_accuracy", "partition_type": "trace", "version": "unknown"}
         assert (
             sample(
                 text, "stepwatch_evaluation_last_score_ratio", **labels, task_key="refund", tenant="team-a"
             )
             == 1.0
         )
-        b_count = {"partition_type": "trace", "task_key": "unregistered"}
+        b_count = {"partition_type": "trace", "task_key": "unregistered", "version": "unknown"}
         assert sample(text, "stepwatch_trajectory_steps_sum", **b_count, tenant="team-b") == 3.0
         assert not [
             line for line in text.splitlines() if "agent.step_accuracy" in line and 'tenant="team-b"' in line
@@ -374,6 +374,7 @@ async def test_bad_input_catalogue_each_limit_once_valid_remainder_scored(
                 metric="agent.step_accuracy",
                 task_key="refund",
                 partition_type="trace",
+                version="unknown",
                 outcome="not_scored",
             )
             == 2.0

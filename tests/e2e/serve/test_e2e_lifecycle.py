@@ -85,7 +85,12 @@ async def test_late_span_yields_a_revision_with_its_number(tmp_path, h) -> None:
         await h.eventually(lambda: len(memory.events) == 1)
         first = memory.events[0]
         assert (first.revision, first.close_reason) == (0, "idle")
-        labels = {"metric": "agent.step_accuracy", "task_key": "refund-order", "partition_type": "trace"}
+        labels = {
+            "metric": "agent.step_accuracy",
+            "task_key": "refund-order",
+            "partition_type": "trace",
+            "version": "unknown",
+        }
         assert await metrics.get("stepwatch_evaluation_last_score_ratio", **labels) == 0.5
         await client.send(request(span(7, 11, "issue_refund", parent=1)))  # the missing step, late
         await h.eventually(lambda: len(memory.events) == 2)
@@ -111,7 +116,12 @@ async def test_hot_reload_and_invalid_edit_keeps_last_good(tmp_path, h) -> None:
     async with h.running(tmp_path, EXPECTATIONS) as (service, metrics):
         path = Path(service.config.expectations.file)
         client = Client(service.grpc.port)
-        labels = {"metric": "agent.step_accuracy", "task_key": "refund-order", "partition_type": "trace"}
+        labels = {
+            "metric": "agent.step_accuracy",
+            "task_key": "refund-order",
+            "partition_type": "trace",
+            "version": "unknown",
+        }
         await client.send(request(*agent_trace(1, ["lookup_order", "issue_refund"])))
         assert (
             await h.eventually(lambda: metrics.get("stepwatch_evaluation_last_score_ratio", **labels)) == 1.0
@@ -144,7 +154,7 @@ async def test_a_task_key_removed_by_a_reload_leaves_the_last_score_gauge(tmp_pa
         client = Client(service.grpc.port)
         await client.send(request(*agent_trace(1, ["lookup_order", "issue_refund"])))
         await client.send(request(*agent_trace(2, ["lookup_order", "cancel"], task="cancel-order")))
-        score = {"metric": "agent.step_accuracy", "partition_type": "trace"}
+        score = {"metric": "agent.step_accuracy", "partition_type": "trace", "version": "unknown"}
         await h.eventually(
             lambda: metrics.get("stepwatch_evaluation_last_score_ratio", **score, task_key="cancel-order")
         )
@@ -164,7 +174,7 @@ async def test_a_task_key_removed_by_a_reload_leaves_the_last_score_gauge(tmp_pa
         )
         # its next run is scored as unregistered (expectation-free metrics only), not under its key
         await client.send(request(*agent_trace(3, ["lookup_order", "cancel"], task="cancel-order")))
-        steps = {"partition_type": "trace", "task_key": "unregistered"}
+        steps = {"partition_type": "trace", "task_key": "unregistered", "version": "unknown"}
         await h.eventually(lambda: metrics.get("stepwatch_trajectory_steps_count", **steps))
         assert await metrics.total("stepwatch_evaluations_total", task_key="cancel-order") == 0
         await client.close()

@@ -25,8 +25,13 @@ tasks:
     expected_steps: [lookup_order, [check_policy, check_fraud], issue_refund]
     threshold: 0.8
 """
-ACCURACY = {"metric": "agent.step_accuracy", "task_key": "refund-order", "partition_type": "trace"}
-STEPS = {"task_key": "refund-order", "partition_type": "trace"}  # stepwatch_trajectory_steps has no `metric`
+ACCURACY = {
+    "metric": "agent.step_accuracy",
+    "task_key": "refund-order",
+    "partition_type": "trace",
+    "version": "unknown",
+}
+STEPS = {"task_key": "refund-order", "partition_type": "trace", "version": "unknown"}  # no `metric`
 UNCHANGED_BY_A_RETRY = (
     "stepwatch_evaluations_total",
     "stepwatch_evaluation_last_score_ratio",

@@ -35,7 +35,12 @@ async def test_trace_scores_with_groups_over_grpc_sdk_exporter(tmp_path, agent, 
             }
         ]
         await asyncio.to_thread(agent.send, "grpc", endpoint, runs)
-        labels = {"metric": "agent.step_accuracy", "task_key": "refund-order", "partition_type": "trace"}
+        labels = {
+            "metric": "agent.step_accuracy",
+            "task_key": "refund-order",
+            "partition_type": "trace",
+            "version": "unknown",
+        }
         assert (
             await h.eventually(lambda: metrics.get("stepwatch_evaluation_last_score_ratio", **labels)) == 1.0
         )
@@ -50,7 +55,12 @@ async def test_off_plan_trace_fails_over_http_sdk_exporter(tmp_path, agent, h) -
         endpoint = f"127.0.0.1:{service.http.port}"
         runs = [{"task_key": "refund-order", "steps": ["issue_refund", "lookup_order"]}]
         await asyncio.to_thread(agent.send, "http", endpoint, runs)
-        labels = {"metric": "agent.step_accuracy", "task_key": "refund-order", "partition_type": "trace"}
+        labels = {
+            "metric": "agent.step_accuracy",
+            "task_key": "refund-order",
+            "partition_type": "trace",
+            "version": "unknown",
+        }
         fail = await h.eventually(
             lambda: metrics.get("stepwatch_evaluations_total", **labels, outcome="fail")
         )
@@ -70,7 +80,12 @@ async def test_session_of_two_traces_is_scored_once_as_a_session(tmp_path, agent
             {"task_key": "support-chat", "steps": ["issue_refund", "close_ticket"], "session_id": "s-1"},
         ]
         await asyncio.to_thread(agent.send, "grpc", endpoint, runs)
-        labels = {"metric": "agent.step_accuracy", "task_key": "support-chat", "partition_type": "session"}
+        labels = {
+            "metric": "agent.step_accuracy",
+            "task_key": "support-chat",
+            "partition_type": "session",
+            "version": "unknown",
+        }
         assert (
             await h.eventually(lambda: metrics.get("stepwatch_evaluation_last_score_ratio", **labels)) == 1.0
         )
@@ -97,7 +112,12 @@ async def test_annotation_overrides_the_file(tmp_path, agent, h) -> None:
             }
         ]
         await asyncio.to_thread(agent.send, "grpc", endpoint, runs)
-        labels = {"metric": "agent.step_accuracy", "task_key": "refund-order", "partition_type": "trace"}
+        labels = {
+            "metric": "agent.step_accuracy",
+            "task_key": "refund-order",
+            "partition_type": "trace",
+            "version": "unknown",
+        }
         # against the file's 4 steps this would be 0.5; the annotation's 2 steps match exactly
         assert (
             await h.eventually(lambda: metrics.get("stepwatch_evaluation_last_score_ratio", **labels)) == 1.0
@@ -109,7 +129,7 @@ async def test_unmatched_task_key_is_counted_and_gets_expectation_free_scorers(t
         endpoint = f"127.0.0.1:{service.grpc.port}"
         runs = [{"task_key": "nobody-registered-me", "steps": ["a", "b", "c"]}]
         await asyncio.to_thread(agent.send, "grpc", endpoint, runs)
-        labels = {"task_key": "unregistered", "partition_type": "trace"}
+        labels = {"task_key": "unregistered", "partition_type": "trace", "version": "unknown"}
         assert await h.eventually(lambda: metrics.get("stepwatch_trajectory_steps_sum", **labels)) == 3.0
         assert await metrics.get("stepwatch_trajectory_steps_bucket", **labels, le="2.0") == 0.0
         assert await metrics.get("stepwatch_trajectory_steps_bucket", **labels, le="3.0") == 1.0
@@ -139,7 +159,12 @@ tasks:
         endpoint = f"127.0.0.1:{service.grpc.port}"
         runs = [{"task_key": key, "steps": ["lookup_order"]} for key in ("lookup-a1", "lookup-b2")]
         await asyncio.to_thread(agent.send, "grpc", endpoint, runs)
-        a1 = {"metric": "trajectory", "task_key": "lookup-a1", "partition_type": "trace"}
+        a1 = {
+            "metric": "trajectory",
+            "task_key": "lookup-a1",
+            "partition_type": "trace",
+            "version": "unknown",
+        }
         b2 = {**a1, "task_key": "lookup-b2"}
         assert (
             await h.eventually(lambda: metrics.get("stepwatch_evaluations_total", **a1, outcome="pass"))

@@ -38,7 +38,12 @@ async def test_example_agent_follows_the_otel_exporter_variables(tmp_path, h, pr
         wire = "grpc" if protocol == "grpc" else "http"
         # 4 traces: 5 + 3 + 3 + 3 spans, every one received on the protocol the variables named
         await h.eventually(lambda: metrics.total("stepwatch_spans_received_total", protocol=wire), 14.0)
-        labels = {"metric": "agent.step_accuracy", "task_key": "refund-order", "partition_type": "trace"}
+        labels = {
+            "metric": "agent.step_accuracy",
+            "task_key": "refund-order",
+            "partition_type": "trace",
+            "version": "unknown",
+        }
         passed = await h.eventually(
             lambda: metrics.get("stepwatch_evaluations_total", **labels, outcome="pass")
         )
