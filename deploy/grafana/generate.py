@@ -37,8 +37,15 @@ DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 # Series selectors shared by the score panels (the template variables are multi-value regexes).
 # stepwatch_evaluation_score_ratio holds quality scores only (0-1); the trajectory statistics have
 # families of their own (docs/metrics.md), shown in the "Trajectory statistics" row.
+# The recording rules have no `version` label: SCORE_SEL; the score families themselves also
+# follow the version variable (docs/metrics.md, "Versions"); the per-step families have no version.
 SCORE_SEL = 'task_key=~"$task_key", metric=~"$metric"'
+SERIES_SEL = SCORE_SEL + ', version=~"$version"'
 TASK_SEL = 'task_key=~"$task_key"'
+STATS_SEL = TASK_SEL + ', version=~"$version"'
+# Per task key, metric and version (the Versions row).
+BY_VERSION = "sum by (task_key, metric, version)"
+VERSION_Z = "task_key_metric_version:stepwatch_evaluations_pass_ratio_deficit:zscore1h"
 # Expected steps of registered task keys by outcome (docs/metrics.md, "Which steps fail").
 STEP_OUTCOMES = "stepwatch_expected_step_outcomes_total"
 STEP_OUTCOME_VALUES = ("matched", "missing", "moved", "substituted")
@@ -109,6 +116,19 @@ def _variables() -> list[Any]:
         .multi(True)
         .include_all(True)
         .all_value(".*"),
+        dashboard.QueryVariable("version")
+        .label("Version")
+        .description(
+            "Agent versions of the selected task keys (the `version` label: at most "
+            "exporters.prometheus.max_versions_per_task per task key, plus `other`; `unknown` when none was found)."
+        )
+        .datasource(DATASOURCE)
+        .query('label_values(stepwatch_evaluations_total{task_key=~"$task_key"}, version)')
+        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(dm.VariableSort.ALPHABETICAL_ASC)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*"),
     ]
 
 
@@ -124,14 +144,14 @@ def _score_rows(board: dashboard.Dashboard) -> dashboard.Dashboard:
             "opens that trace.",
             "percentunit",
             _query(
-                f"sum by (task_key, metric) (rate(stepwatch_evaluation_score_ratio_sum{{{SCORE_SEL}}}[$__rate_interval]))\n"
-                f"/\nsum by (task_key, metric) (rate(stepwatch_evaluation_score_ratio_count{{{SCORE_SEL}}}[$__rate_interval]))",
+                f"sum by (task_key, metric) (rate(stepwatch_evaluation_score_ratio_sum{{{SERIES_SEL}}}[$__rate_interval]))\n"
+                f"/\nsum by (task_key, metric) (rate(stepwatch_evaluation_score_ratio_count{{{SERIES_SEL}}}[$__rate_interval]))",
                 "{{task_key}} {{metric}}",
             ),
             # Exemplars are attached to the _bucket lines only, so the target that shows them reads those.
             _query(
                 "histogram_quantile(0.5, sum by (le, task_key, metric) "
-                f"(rate(stepwatch_evaluation_score_ratio_bucket{{{SCORE_SEL}}}[$__rate_interval])))",
+                f"(rate(stepwatch_evaluation_score_ratio_bucket{{{SERIES_SEL}}}[$__rate_interval])))",
                 "{{task_key}} {{metric}} median",
                 "B",
             ).exemplar(True),
@@ -143,8 +163,8 @@ def _score_rows(board: dashboard.Dashboard) -> dashboard.Dashboard:
             "pass / (pass + fail) per task key and metric; errors and not_scored are shown under Evaluations by outcome.",
             "percentunit",
             _query(
-                f'sum by (task_key, metric) (rate(stepwatch_evaluations_total{{{SCORE_SEL}, outcome="pass"}}[$__rate_interval]))\n'
-                f'/\nsum by (task_key, metric) (rate(stepwatch_evaluations_total{{{SCORE_SEL}, outcome=~"pass|fail"}}[$__rate_interval]))',
+                f'sum by (task_key, metric) (rate(stepwatch_evaluations_total{{{SERIES_SEL}, outcome="pass"}}[$__rate_interval]))\n'
+                f'/\nsum by (task_key, metric) (rate(stepwatch_evaluations_total{{{SERIES_SEL}, outcome=~"pass|fail"}}[$__rate_interval]))',
                 "{{task_key}} {{metric}}",
             ),
         )
@@ -189,15 +209,16 @@ def _score_rows(board: dashboard.Dashboard) -> dashboard.Dashboard:
         table.Panel()
         .title("Latest score")
         .description(
-            "stepwatch_evaluation_last_score_ratio: the most recent quality score (0-1) per task key, metric "
-            "and partition type."
+            "stepwatch_evaluation_last_score_ratio: the most recent quality score (0-1) per task key, metric, "
+            "partition type and version (each version keeps its own last score)."
         )
         .datasource(DATASOURCE)
         .height(8)
         .span(12)
         .with_target(
             _query(
-                f"max by (task_key, metric, partition_type) (stepwatch_evaluation_last_score_ratio{{{SCORE_SEL}}})",
+                "max by (task_key, metric, partition_type, version) "
+                f"(stepwatch_evaluation_last_score_ratio{{{SERIES_SEL}}})",
                 "",
                 instant=True,
             )
@@ -209,12 +230,153 @@ def _score_rows(board: dashboard.Dashboard) -> dashboard.Dashboard:
             "Evaluations per second by outcome (pass, fail, error, not_scored).",
             "ops",
             _query(
-                f"sum by (outcome) (rate(stepwatch_evaluations_total{{{SCORE_SEL}}}[$__rate_interval]))",
+                f"sum by (outcome) (rate(stepwatch_evaluations_total{{{SERIES_SEL}}}[$__rate_interval]))",
                 "{{outcome}}",
             ),
         ).stacking(StackingConfig().mode(common.StackingMode.NORMAL))
     )
     return board
+
+
+def _version_pass_rate(window: str) -> str:
+    """pass / (pass + fail) per task key, metric and version over `window`; 0 (not absent) for a
+    version whose every evaluation failed, as its pass counter does not exist then."""
+    passfail = f'stepwatch_evaluations_total{{{SERIES_SEL}, outcome=~"pass|fail"}}[{window}]'
+    return (
+        f'(\n  {BY_VERSION} (increase(stepwatch_evaluations_total{{{SERIES_SEL}, outcome="pass"}}[{window}]))\n'
+        f"  or on (task_key, metric, version)\n  0 * {BY_VERSION} (increase({passfail}))\n)\n"
+        f"/ on (task_key, metric, version)\n{BY_VERSION} (increase({passfail}))"
+    )
+
+
+def _version_mean_score(window: str) -> str:
+    """The mean quality score (0-1) per task key, metric and version over `window`."""
+    return (
+        f"{BY_VERSION} (increase(stepwatch_evaluation_score_ratio_sum{{{SERIES_SEL}}}[{window}]))\n"
+        f"/\n{BY_VERSION} (increase(stepwatch_evaluation_score_ratio_count{{{SERIES_SEL}}}[{window}]))"
+    )
+
+
+def _version_rows(board: dashboard.Dashboard) -> dashboard.Dashboard:
+    """Pass rate and mean score per version of the selected task keys (issue 38 item 1), and the
+    statistic StepwatchVersionRegression reads (item 2)."""
+    board = board.with_row(dashboard.Row("Versions"))
+    columns = ("pass rate", "mean score", "evaluations")
+    rename = {f"Value #{ref}": name for ref, name in zip("ABC", columns, strict=True)}
+    board = board.with_panel(
+        table.Panel()
+        .title("Pass rate and mean score by version")
+        .description(
+            "Per task key, metric and version, over the dashboard's time range: the pass rate (pass / (pass + "
+            "fail)), the mean quality score (0-1; none for the trajectory statistics) and the pass and fail "
+            'evaluations behind them. version="other" pools the versions that gave their slot to newer ones '
+            "(exporters.prometheus.max_versions_per_task); unknown: no version attribute was found. Lowest "
+            "pass rate first."
+        )
+        .datasource(DATASOURCE)
+        .height(10)
+        .span(12)
+        .unit("percentunit")
+        .decimals(1)
+        .with_target(_query(_version_pass_rate("$__range"), "", "A", instant=True))
+        .with_target(_query(_version_mean_score("$__range"), "", "B", instant=True))
+        .with_target(
+            _query(
+                f'{BY_VERSION} (increase(stepwatch_evaluations_total{{{SERIES_SEL}, outcome=~"pass|fail"}}[$__range]))',
+                "",
+                "C",
+                instant=True,
+            )
+        )
+        .with_transformation(dm.DataTransformerConfig(id_val="merge", options={}))
+        .with_transformation(
+            dm.DataTransformerConfig(
+                id_val="organize",
+                options={
+                    "excludeByName": {"Time": True},
+                    "indexByName": {
+                        name: i for i, name in enumerate(("task_key", "metric", "version", *rename.values()))
+                    },
+                    "renameByName": rename,
+                },
+            )
+        )
+        .override_by_name(
+            "evaluations",
+            [
+                dm.DynamicConfigValue(id_val="unit", value="short"),
+                dm.DynamicConfigValue(id_val="decimals", value=0),
+            ],
+        )
+        .sort_by([TableSortByFieldState().display_name("pass rate").desc(False)])
+    )
+    board = board.with_panel(
+        _timeseries(
+            "Pass rate by version",
+            "pass / (pass + fail) per task key, metric and version of the selected task keys.",
+            "percentunit",
+            _query(_version_pass_rate("$__rate_interval"), "{{task_key}} {{metric}} {{version}}"),
+        )
+        .min(0)
+        .max(1)
+    )
+    board = board.with_panel(
+        _timeseries(
+            "Mean score by version",
+            "Average quality score (0-1; plan_adherence divided by 100) per task key, metric and version.",
+            "percentunit",
+            _query(_version_mean_score("$__rate_interval"), "{{task_key}} {{metric}} {{version}}"),
+        )
+        .min(0)
+        .max(1)
+    )
+    board = board.with_panel(
+        _timeseries(
+            "Version pass-rate deficit (z)",
+            "How many standard errors each version's 1h pass rate lies below its task's other versions pooled "
+            "(two-proportion z-test; recording rule). StepwatchVersionRegression fires above the threshold "
+            "(default 3.09) when the deficit is also at least 0.05 and both sides have 50 evaluations "
+            "(docs/operations.md, How the version alert decides).",
+            "none",
+            _query(f"{VERSION_Z}{{{SERIES_SEL}}}", "{{task_key}} {{metric}} {{version}}"),
+        )
+        .span(18)
+        .thresholds(_thresholds((None, "green"), (3.09, "red")))
+    )
+    return board.with_panel(
+        stat.Panel()
+        .title("Version label overflow in range")
+        .description(
+            "Versions that gave their slot (and series) to a newer one (stepwatch_version_label_evictions_total), "
+            'and scored partitions counted under version="other" because their version had given way '
+            "(stepwatch_version_label_overflow_total). Many evictions: the version attribute changes per "
+            "run (a build id?); raise exporters.prometheus.max_versions_per_task or pick another attribute."
+        )
+        .datasource(DATASOURCE)
+        .height(8)
+        .span(6)
+        .unit("short")
+        .decimals(0)
+        .graph_mode(common.BigValueGraphMode.NONE)
+        .thresholds(_thresholds((None, "green"), (1, "yellow")))
+        .with_target(
+            _query(
+                "sum(increase(stepwatch_version_label_evictions_total[$__range]))",
+                "evictions",
+                instant=True,
+                table=False,
+            )
+        )
+        .with_target(
+            _query(
+                "sum(increase(stepwatch_version_label_overflow_total[$__range]))",
+                "other",
+                "B",
+                instant=True,
+                table=False,
+            )
+        )
+    )
 
 
 def _top_bars(title: str, description: str, expr: str, legend: str) -> bargauge.Panel:
@@ -348,7 +510,7 @@ def _quantiles(family: str, title: str, description: str, unit: str) -> timeseri
     """p50 and p90 per task key of one trajectory-statistics histogram."""
     queries = [
         _query(
-            f"histogram_quantile({q}, sum by (task_key, le) (rate({family}_bucket{{{TASK_SEL}}}[$__rate_interval])))",
+            f"histogram_quantile({q}, sum by (task_key, le) (rate({family}_bucket{{{STATS_SEL}}}[$__rate_interval])))",
             f"{{{{task_key}}}} p{int(q * 100)}",
             ref,
         )
@@ -535,8 +697,8 @@ def build() -> dict[str, Any]:
         dashboard.Dashboard("Stepwatch")
         .uid(UID)
         .description(
-            "Agent trajectory scores, the steps and rules that fail, ingest, buffering, judges and score "
-            "streams of Stepwatch."
+            "Agent trajectory scores, per agent version, the steps and rules that fail, ingest, buffering, "
+            "judges and score streams of Stepwatch."
         )
         .tags(["stepwatch", "agents", "opentelemetry"])
         .editable()
@@ -547,7 +709,7 @@ def build() -> dict[str, Any]:
     )
     for variable in _variables():
         board = board.with_variable(variable)
-    board = _stream_rows(_ingest_rows(_statistics_rows(_step_rows(_score_rows(board)))))
+    board = _stream_rows(_ingest_rows(_statistics_rows(_step_rows(_version_rows(_score_rows(board))))))
     encoded: dict[str, Any] = json.loads(json.dumps(board.build(), cls=JSONEncoder))
     return encoded
 

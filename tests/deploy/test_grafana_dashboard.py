@@ -35,6 +35,7 @@ _GRAFANA_VARIABLES = {
     "${datasource}": "prometheus",
     "$task_key": ".*",
     "$metric": ".*",
+    "$version": ".*",
     "$__rate_interval": "5m",
     "$__range": "1h",
     "$__interval": "1m",
@@ -193,9 +194,9 @@ def test_committed_dashboard_equals_generator_output() -> None:
     assert DASHBOARD.read_text() == generated, "run `.venv/bin/python deploy/grafana/generate.py`"
 
 
-def test_dashboard_has_task_key_and_metric_variables() -> None:
+def test_dashboard_has_task_key_metric_and_version_variables() -> None:
     variables = {v["name"]: v for v in _dashboard()["templating"]["list"]}
-    for name in ("task_key", "metric"):
+    for name in ("task_key", "metric", "version"):
         assert variables[name]["type"] == "query"
         assert variables[name]["query"].startswith("label_values(")
         assert variables[name]["query"].endswith(f", {name})")
@@ -380,3 +381,80 @@ def test_most_missed_steps_panels_rank_and_share_the_outcomes(tmp_path: Path) ->
 def test_expression_check_catches_broken_queries(tmp_path: Path, broken: str) -> None:
     code, _ = _evaluate(tmp_path, [("broken", broken)])
     assert code != 0
+
+
+def test_versions_row_compares_pass_rate_and_mean_score_per_version(tmp_path: Path) -> None:
+    """On known counters: the table gives each version of the selected task key its pass rate (0,
+    not a gap, for a version whose every evaluation failed), its mean score and its evaluations;
+    the version variable narrows it; the time series read the same per-version ratios."""
+    panels = {p["title"]: p for p in _row(_dashboard(), "Versions")}
+    assert set(panels) == {
+        "Pass rate and mean score by version",
+        "Pass rate by version",
+        "Mean score by version",
+        "Version pass-rate deficit (z)",
+        "Version label overflow in range",
+    }
+    variables = {v["name"]: v for v in _dashboard()["templating"]["list"]}
+    assert (
+        variables["version"]["query"]
+        == 'label_values(stepwatch_evaluations_total{task_key=~"$task_key"}, version)'
+    )
+    table_panel = panels["Pass rate and mean score by version"]
+    for target in table_panel["targets"]:
+        assert 'version=~"$version"' in target["expr"] and "[$__range]" in target["expr"], target["expr"]
+    (z,) = panels["Version pass-rate deficit (z)"]["targets"]
+    assert z["expr"].startswith("task_key_metric_version:stepwatch_evaluations_pass_ratio_deficit:zscore1h{")
+
+    per_minute = {  # (task key, version) -> (passes, fails, score sum, scores) a minute
+        ("checkout", "1.4.0"): (9, 1, 8.5, 10),
+        ("checkout", "1.5.0"): (0, 2, 0.5, 2),
+        ("search", "1.4.0"): (1, 1, 1.0, 2),
+    }
+    series = []
+    for (task, version), (passes, fails, total, count) in per_minute.items():
+        labels = {
+            "task_key": task,
+            "metric": "agent.step_accuracy",
+            "partition_type": "trace",
+            "version": version,
+        }
+        for outcome, inc in (("pass", passes), ("fail", fails)):
+            if inc:  # a version that never passed has no pass series
+                series.append(
+                    _series(
+                        "stepwatch_evaluations_total", {**labels, "outcome": outcome}, f"0+{inc}x{_SAMPLES}"
+                    )
+                )
+        series.append(_series("stepwatch_evaluation_score_ratio_sum", labels, f"0+{total}x{_SAMPLES}"))
+        series.append(_series("stepwatch_evaluation_score_ratio_count", labels, f"0+{count}x{_SAMPLES}"))
+
+    def rows(values: dict[str, float]) -> list[dict[str, Any]]:
+        return [
+            {"labels": f'{{task_key="checkout",metric="agent.step_accuracy",version="{v}"}}', "value": value}
+            for v, value in values.items()
+        ]
+
+    wanted = {
+        "A": {"1.4.0": 0.9, "1.5.0": 0.0},  # pass rate
+        "B": {"1.4.0": 0.85, "1.5.0": 0.25},  # mean score
+        "C": {"1.4.0": 600, "1.5.0": 120},  # pass and fail evaluations in the hour
+    }
+    checks: list[dict[str, Any]] = []
+    for target in table_panel["targets"]:
+        picked = target["expr"].replace("$task_key", "checkout")
+        expected = wanted[target["refId"]]
+        checks.append({"expr": _substitute(picked), "eval_time": _EVAL_AT, "exp_samples": rows(expected)})
+        one = picked.replace("$version", "1.5.0")
+        checks.append(
+            {
+                "expr": _substitute(one),
+                "eval_time": _EVAL_AT,
+                "exp_samples": rows({"1.5.0": expected["1.5.0"]}),
+            }
+        )
+    for title, expected in (("Pass rate by version", wanted["A"]), ("Mean score by version", wanted["B"])):
+        (target,) = panels[title]["targets"]
+        window = target["expr"].replace("$task_key", "checkout").replace("$__rate_interval", "1h")
+        checks.append({"expr": _substitute(window), "eval_time": _EVAL_AT, "exp_samples": rows(expected)})
+    _run_panel_queries(tmp_path, series, checks)

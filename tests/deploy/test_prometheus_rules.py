@@ -255,3 +255,60 @@ def test_silence_unit_tests_fail_when_an_alert_is_broken(
     result = run_against_mutant(tmp_path, original, mutant, yaml.safe_dump(doc, sort_keys=False))
     assert result.returncode != 0, f"unit tests still pass although {why}"
     assert alert in result.stdout + result.stderr
+VERSIONS_TEST = RULES.parent.parent / "tests" / "versions.test.yml"
+
+
+def test_version_unit_tests_cover_drop_noise_sparse_other_and_small_deficits() -> None:
+    text = VERSIONS_TEST.read_text()
+    for task_key, version in (
+        ("checkout", "1.5.0"),  # 0.95 -> 0.70 over 200 partitions: fires
+        ("checkout", "1.5.0-rc.1"),  # sparse version
+        ("search", "other"),  # the pooled versions past max_versions_per_task
+        ("dip", "7.1"),  # a deficit within the noise of 60 evaluations an hour
+        ("busy", "9.1"),  # significant, but a deficit too small to page on
+        ("noisy", "3.2"),  # equal rates, binomial noise
+    ):
+        assert f'task_key="{task_key}",partition_type="trace",version="{version}"' in text, (
+            task_key,
+            version,
+        )
+
+
+@pytest.mark.parametrize(
+    ("original", "mutant", "why"),
+    [
+        (
+            "record: stepwatch:version_regression_min_evaluations_1h:default\n        expr: vector(50)",
+            "record: stepwatch:version_regression_min_evaluations_1h:default\n        expr: vector(1)",
+            "without the minimum the sparse version pages",
+        ),
+        (
+            "record: stepwatch:version_regression_min_zscore:default\n        expr: vector(3.09)",
+            "record: stepwatch:version_regression_min_zscore:default\n        expr: vector(0)",
+            "without the z threshold a deficit within the noise pages",
+        ),
+        (
+            "record: stepwatch:version_regression_min_deficit:default\n        expr: vector(0.05)",
+            "record: stepwatch:version_regression_min_deficit:default\n        expr: vector(0)",
+            "without the minimum deficit a busy task key's tiny difference pages",
+        ),
+        (
+            'zscore1h{version!="other"}',
+            "zscore1h",
+            'the pooled version="other" pages',
+        ),
+        (
+            "stepwatch:version_regression_min_evaluations_1h:default\n          )\n        for: 15m",
+            "stepwatch:version_regression_min_evaluations_1h:default\n          )\n        for: 0m",
+            "without `for` the alert fires the minute the deficit turns significant",
+        ),
+    ],
+)
+def test_version_unit_tests_fail_when_a_guard_is_removed(
+    tmp_path: Path, original: str, mutant: str, why: str
+) -> None:
+    """The unit tests of StepwatchVersionRegression have teeth: weakening one of its guards makes
+    them fail."""
+    result = run_against_mutant(tmp_path, original, mutant, VERSIONS_TEST.read_text())
+    assert result.returncode != 0, f"unit tests still pass although {why}"
+    assert "StepwatchVersionRegression" in result.stdout + result.stderr
