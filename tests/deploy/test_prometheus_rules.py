@@ -255,6 +255,8 @@ def test_silence_unit_tests_fail_when_an_alert_is_broken(
     result = run_against_mutant(tmp_path, original, mutant, yaml.safe_dump(doc, sort_keys=False))
     assert result.returncode != 0, f"unit tests still pass although {why}"
     assert alert in result.stdout + result.stderr
+
+
 VERSIONS_TEST = RULES.parent.parent / "tests" / "versions.test.yml"
 
 
