@@ -104,11 +104,12 @@ class OtelMetricsExporter(SdkProviderStream):
             resource=self._resource,
             metric_readers=[reader],
             views=[
+                # only the histogram's bounds: an instrument no view matches keeps its default
+                # stream, and a second view matching the histogram (a `*` one) exported it twice
                 View(
                     instrument_name=SCORE_HISTOGRAM,
                     aggregation=ExplicitBucketHistogramAggregation(boundaries=SCORE_BUCKETS),
                 ),
-                View(instrument_name="*"),
             ],
         )
         meter = self._provider.get_meter("stepwatch.evaluation", __version__)

@@ -22,6 +22,7 @@ from serve_helpers import free_port
 from stepwatch.evaluator.explanation import StepAccuracyExplanation
 from stepwatch.evaluator.model import Partition, Span, Step
 from stepwatch.evaluator.results import ScoreResult
+from stepwatch.exporters.buckets import SCORE_BUCKETS
 from stepwatch.exporters.config import OtelEventsExporterConfig, OtelMetricsExporterConfig
 from stepwatch.exporters.events import ScoreEvent, ScoreEventExporter
 from stepwatch.exporters.otel_events import OtelEventsExporter, event_attributes
@@ -168,6 +169,17 @@ async def test_score_histogram_and_outcome_counter_over_grpc(grpc_sink: tuple[Ot
         ("book-flight", "pass"): (1, 0.7),
         ("refund", "fail"): (1, 0.3),
     }  # the error has no score, so no histogram point
+    for request in sink.metrics:  # one stream, with the score bounds: not also the SDK's default one
+        named = [
+            m
+            for rm in request.resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+            if m.name == "gen_ai.evaluation.score"
+        ]
+        assert len(named) <= 1, f"the score histogram was exported {len(named)} times in one request"
+        for m in named:
+            assert all(list(p.explicit_bounds) == list(SCORE_BUCKETS) for p in m.histogram.data_points)
     metric, point = sink.metric_points("gen_ai.evaluation.score")[0]
     assert metric.unit == "1"
     assert attrs(point.attributes)["gen_ai.evaluation.name"] == "agent.step_accuracy"
