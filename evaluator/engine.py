@@ -476,7 +476,7 @@ class EvaluationEngine:
 
 def step_spans(inp: ScoringInput) -> StepSpans | None:
     """The spans that became `inp.steps`, for the debug detail page (StepSpans)."""
-    return StepSpans(inp.steps, inp.partition.spans) if inp.steps else None
+    return StepSpans.of(inp.steps, inp.partition.spans) if inp.steps else None
 
 
 def scored_spans(

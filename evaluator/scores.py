@@ -37,27 +37,31 @@ class StepSpan(NamedTuple):
 _SPAN_ID = attrgetter("span_id")
 
 
+@dataclass(frozen=True, slots=True)
 class StepSpans:
     """The spans that became steps, for the debug detail page, kept at scoring time at the least
-    cost: the observed steps the scorers already hold, and each step span's (kind, end time) from
-    an index of the spans by id built at C level (~0.14 us a span for large traces, ~0.4 us for
-    small all-step ones). Looked up at once, not lazily: holding the partition's spans until the
-    debug pages decide cost more (bench_cpu) than the lookup. Rows are laid out only when read."""
+    cost: the observed steps the scorers already hold, and each step span's (kind, end time).
+    Rows are laid out only when a page reads them."""
 
-    __slots__ = ("first_start", "found", "steps")
+    steps: Sequence[Step]
+    found: tuple[tuple[str, int | None] | None, ...]
+    """Per step: its span's (kind, end time), None when the span was not found."""
+    first_start: int | None
+    """The partition's earliest span start (spans are sorted by start, unstarted last)."""
 
-    def __init__(self, steps: Sequence[Step], spans: Sequence[Span]) -> None:
-        self.steps = steps
+    @classmethod
+    def of(cls, steps: Sequence[Step], spans: Sequence[Span]) -> StepSpans:
+        """Looked up at scoring time through an index of the spans by id built at C level (~0.14 us
+        a span for large traces, ~0.4 us for small all-step ones), not lazily: holding the
+        partition's spans until the debug pages decided cost more (bench_cpu) than the lookup."""
         by_id = dict(zip(map(_SPAN_ID, spans), spans, strict=True))
-        self.found: tuple[tuple[str, int | None] | None, ...] = tuple(
+        found = tuple(
             [
                 None if (span := by_id.get(step.span_id)) is None else (span.kind, span.end_time_unix_nano)
                 for step in steps
             ]
         )
-        """Per step: its span's (kind, end time), None when the span was not found."""
-        self.first_start: int | None = spans[0].start_time_unix_nano if spans else None
-        """The partition's earliest span start (spans are sorted by start, unstarted last)."""
+        return cls(steps, found, spans[0].start_time_unix_nano if spans else None)
 
     def rows(self) -> list[StepSpan]:
         first = self.first_start
