@@ -165,10 +165,11 @@ class DebugPages:
     async def _partitionz(self, request: web.Request) -> web.Response:
         try:
             query = _parse(PartitionzQuery, request)
-            self._check_filters(query)
+            held = self.partitions.held()  # unpickled once per page (recent_partitions.py)
+            self._check_filters(query, held)
         except BadRequest as exc:
             return _error(request, 400, str(exc))
-        matching = [event for event in self.partitions.held() if _matches(event, query)]
+        matching = [event for event in held if _matches(event, query)]
         shown = matching[query.offset : query.offset + query.limit]
         rows = [self._row(event) for event in shown]
         more = query.offset + len(shown) < len(matching)
@@ -184,7 +185,10 @@ class DebugPages:
                     "held": self.partitions.held_counts(),
                 }
             )
-        return page("Partitions", self._partitionz_html(request, query, rows, len(matching), next_path))
+        metrics = {result.metric for event in held for result in event.results}
+        return page(
+            "Partitions", self._partitionz_html(request, query, rows, len(matching), next_path, metrics)
+        )
 
     async def _detail(self, request: web.Request) -> web.Response:
         try:
@@ -223,14 +227,14 @@ class DebugPages:
         count = Markup(f"<p>newest first, {len(rows)} kept</p>")
         return page("Recent rejections", [count, table(head, body), _json_link(request)])
 
-    def _check_filters(self, query: PartitionzQuery) -> None:
+    def _check_filters(self, query: PartitionzQuery, held: Sequence[PartitionScores]) -> None:
         if query.tenant is not None and not self._tenancy:
             raise BadRequest(
                 "tenant: tenancy is off (security.tenancy.enabled), so there is no tenant to filter by"
             )
         if query.metric is not None:
             known = set(self._metrics())
-            known.update(result.metric for event in self.partitions.held() for result in event.results)
+            known.update(result.metric for event in held for result in event.results)
             if query.metric not in known:
                 raise BadRequest(
                     f"metric: unknown metric {query.metric!r}; known: {', '.join(sorted(known))}"
@@ -286,6 +290,7 @@ class DebugPages:
         rows: list[dict[str, Any]],
         total: int,
         next_path: str | None,
+        held_metrics: set[str],
     ) -> list[Cell]:
         head = [
             "scored",
@@ -331,9 +336,14 @@ class DebugPages:
         if query.offset:
             status += f' · <a href="{_attr(_with(request, offset=max(0, query.offset - query.limit)))}" rel="prev">previous page</a>'
         status += "</p>"
-        return [self._filter_form(query), Markup(status), table(head, body), _json_link(request)]
+        return [
+            self._filter_form(query, held_metrics),
+            Markup(status),
+            table(head, body),
+            _json_link(request),
+        ]
 
-    def _filter_form(self, query: PartitionzQuery) -> Markup:
+    def _filter_form(self, query: PartitionzQuery, held_metrics: set[str]) -> Markup:
         """A GET form of the filters: works without JavaScript."""
 
         def choose(name: str, values: Iterable[str], current: str | None) -> str:
@@ -343,7 +353,7 @@ class DebugPages:
             )
             return f'<label>{name} <select name="{name}">{options}</select></label>'
 
-        metrics = sorted(set(self._metrics()) | {r.metric for e in self.partitions.held() for r in e.results})
+        metrics = sorted(set(self._metrics()) | held_metrics)
         fields = [
             f'<label>task_key <input name="task_key" value="{_attr(query.task_key or "")}"></label>',
             choose("metric", metrics, query.metric),

@@ -142,7 +142,6 @@ class RecentPartitions:
         self._failures: collections.OrderedDict[tuple[str, str], _Kept] = collections.OrderedDict()
         """(tenant, task key) -> its last failing events; least recently failing key first."""
         self._clock = clock
-        self._recent_rate = recent_per_second
         self._recent_admission = Admission(recent_per_second, clock()) if recent_per_second else None
         self._failure_rate = failures_per_second
         self._failure_admission: dict[tuple[str, str], Admission] = {}
